@@ -1,0 +1,58 @@
+# Two commands for a fresh machine:
+#   make run   - create .venv, install Keel, start `keel up` (SQLite, offline model, web page)
+#   make test  - create .venv, install with test extras, lint, type-check, run every test
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.keel-installed
+BUF_VERSION := 1.75.0
+BUF := .tools/node_modules/.bin/buf
+
+.PHONY: run test install lint typecheck protos proto-lint pytest clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(VENV)/bin/keel up
+
+test: install proto-lint lint typecheck pytest
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+# buf ships as an npm package with a prebuilt binary; lint STANDARD, and
+# breaking FILE against the previous commit when there is one.
+$(BUF):
+	npm install --silent --no-save --no-audit --no-fund --prefix .tools @bufbuild/buf@$(BUF_VERSION)
+
+proto-lint: $(BUF)
+	$(BUF) lint
+	@if git rev-parse --verify --quiet HEAD~1 >/dev/null && \
+	    git cat-file -e HEAD~1:buf.yaml 2>/dev/null; then \
+	  $(BUF) breaking --against '.git#ref=HEAD~1'; \
+	fi
+
+protos: install
+	$(PY) scripts/gen_protos.py
+
+# pytest exits 5 when it collected nothing; that is a failure here too,
+# but with a clear message rather than a silent pass.
+pytest: install
+	@$(VENV)/bin/pytest; code=$$?; \
+	if [ $$code -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; \
+	exit $$code
+
+clean:
+	rm -rf $(VENV) .tools .keel .mypy_cache .pytest_cache .ruff_cache

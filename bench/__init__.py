@@ -1,0 +1,1 @@
+"""Benchmarks (measurements, not timed tests)."""

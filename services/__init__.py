@@ -1,0 +1,1 @@
+"""Keel's services: the ledger, the runner, and what they share."""

@@ -1,0 +1,159 @@
+"""The error root every Keel service derives its own from.
+
+A service raises subclasses of its root; the gRPC layer turns them into a
+status code plus a `google.rpc.ErrorInfo` detail whose `reason` is
+machine-readable (`STALE_EPOCH`, `LEASE_LOST`, ...). Typed clients turn the
+status back into the same class, so callers catch exceptions, not codes::
+
+    KeelError
+     ├── LedgerError   (services.ledger.errors)
+     ├── KernelError   (kernel.errors)
+     ├── RunnerError   (services.runner.errors)
+     └── CompactionError (compaction.errors)
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, ClassVar, TypeVar
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+log = logging.getLogger("keel.errors")
+
+ERROR_DOMAIN = "keel.dev"
+_DETAILS_KEY = "grpc-status-details-bin"
+
+
+class KeelError(Exception):
+    """Root of every error a Keel service reports on purpose."""
+
+    code: ClassVar[grpc.StatusCode] = grpc.StatusCode.UNKNOWN
+    reason: ClassVar[str] = "UNKNOWN"
+
+    def __init__(self, message: str, **metadata: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.metadata = {k: str(v) for k, v in metadata.items()}
+
+    def to_status(self) -> grpc.Status:
+        info = error_details_pb2.ErrorInfo(
+            reason=self.reason, domain=ERROR_DOMAIN, metadata=self.metadata
+        )
+        detail = any_pb2.Any()
+        detail.Pack(info)
+        status = status_pb2.Status(code=self.code.value[0], message=self.message, details=[detail])
+        return rpc_status.to_status(status)
+
+
+class InternalError(KeelError):
+    """A bug: reported as INTERNAL, never with a traceback to the caller."""
+
+    code = grpc.StatusCode.INTERNAL
+    reason = "INTERNAL"
+
+
+class ServiceUnavailable(KeelError):
+    """The service (or its store) cannot answer now; retrying later may work."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "UNAVAILABLE"
+
+
+def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | None:
+    """The ErrorInfo detail a Keel service attached to a failed call."""
+    metadata: Any = err.trailing_metadata() or ()
+    for key, value in metadata:
+        if key != _DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        status = status_pb2.Status.FromString(value)
+        for detail in status.details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Is(info.DESCRIPTOR) and detail.Unpack(info):
+                return info
+    return None
+
+
+E = TypeVar("E", bound=KeelError)
+
+
+def error_from_rpc(
+    err: grpc.aio.AioRpcError, root: type[E], by_reason: Mapping[str, type[E]]
+) -> KeelError:
+    """Turns a failed call back into the service's error class.
+
+    Unknown reasons keep the service's root class so `except LedgerError`
+    still catches them; transport failures become `ServiceUnavailable`.
+    """
+    info = error_info(err)
+    message = err.details() or err.code().name
+    if info is not None:
+        cls: type[KeelError] = by_reason.get(info.reason, root)
+        error = cls.__new__(cls)
+        KeelError.__init__(error, message, **dict(info.metadata))
+        return error
+    if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return ServiceUnavailable(message)
+    generic = root.__new__(root)
+    KeelError.__init__(generic, f"{err.code().name}: {message}")
+    return generic
+
+
+def reasons_of(root: type[KeelError]) -> dict[str, type[KeelError]]:
+    """Every subclass of `root`, by its reason (for `error_from_rpc`)."""
+    found: dict[str, type[KeelError]] = {}
+    stack: list[type[KeelError]] = [root]
+    while stack:
+        cls = stack.pop()
+        found.setdefault(cls.reason, cls)
+        stack.extend(cls.__subclasses__())
+    return found
+
+
+Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
+
+
+async def _abort(context: Any, error: KeelError) -> None:
+    # abort_with_status attaches the ErrorInfo detail as trailing metadata.
+    await context.abort_with_status(error.to_status())
+
+
+def unary_errors(method: Handler) -> Handler:
+    """Maps KeelError (and unexpected exceptions) of a unary handler to a status."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: Any) -> Any:
+        try:
+            return await method(self, request, context)
+        except KeelError as error:
+            await _abort(context, error)
+        except Exception:
+            log.exception("unexpected error in %s", method.__qualname__)
+            await _abort(context, InternalError("internal error; see the service log"))
+
+    return wrapper  # type: ignore[return-value]
+
+
+StreamHandler = TypeVar("StreamHandler", bound=Callable[..., AsyncIterator[Any]])
+
+
+def stream_errors(method: StreamHandler) -> StreamHandler:
+    """Maps KeelError of a server-streaming handler to a status."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            async for item in method(self, request, context):
+                yield item
+        except KeelError as error:
+            await _abort(context, error)
+        except Exception:
+            log.exception("unexpected error in %s", method.__qualname__)
+            await _abort(context, InternalError("internal error; see the service log"))
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,167 @@
+"""Serving and calling Keel's gRPC services, the same way in every process.
+
+Every server gets the standard health service, reflection, OpenTelemetry
+tracing and (when configured) a shared-token check; every client channel gets
+the matching interceptors. The embedded `keel up` uses these too, over
+loopback, so one process exercises exactly the production code paths.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
+
+from services.common.config import Settings
+
+log = logging.getLogger("keel.serving")
+
+TOKEN_HEADER = "x-keel-token"
+# Large enough for the biggest fact plus framing; the ledger enforces its own
+# per-fact limit with a clear error before this one is reached.
+MAX_MESSAGE_BYTES = 16 << 20
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.so_reuseport", 0),
+]
+
+
+@dataclass(frozen=True)
+class GrpcService:
+    """One servicer to mount: its full name and how to add it to a server."""
+
+    name: str
+    add_to_server: Callable[[grpc.aio.Server], None]
+    # Called when the server starts draining, before it stops accepting.
+    on_drain: Callable[[], Awaitable[None]] | None = None
+
+
+class _TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Rejects calls without the shared internal token (health is exempt)."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
+        method = handler_call_details.method
+        if method.startswith(("/grpc.health.", "/grpc.reflection.")):
+            return await continuation(handler_call_details)
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        if metadata.get(TOKEN_HEADER) == self._token:
+            return await continuation(handler_call_details)
+
+        async def deny(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong internal token")
+
+        return grpc.unary_unary_rpc_method_handler(deny)
+
+
+class RunningServer:
+    """A started gRPC server with its health servicer and bound port."""
+
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        health: HealthServicer,
+        port: int,
+        services: Sequence[GrpcService],
+    ) -> None:
+        self.server = server
+        self.health = health
+        self.port = port
+        self.services = services
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def stop(self, grace: float = 2.0) -> None:
+        """Marks NOT_SERVING, lets each service drain, then stops the server."""
+        await self.health.enter_graceful_shutdown()
+        for service in self.services:
+            if service.on_drain is not None:
+                await service.on_drain()
+        await self.server.stop(grace)
+
+
+async def serve_services(
+    services: Sequence[GrpcService], address: str, settings: Settings
+) -> RunningServer:
+    """Starts one aio server hosting `services` on `address` ("host:port")."""
+    interceptors: list[Any] = [aio_server_interceptor()]
+    if settings.internal_token:
+        interceptors.insert(0, _TokenInterceptor(settings.internal_token))
+    server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    for service in services:
+        service.add_to_server(server)
+    names = [s.name for s in services]
+    reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot bind gRPC server to {address}")
+    await server.start()
+    for name in names:
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("serving %s on port %d", ", ".join(names), port)
+    return RunningServer(server, health, port, services)
+
+
+class _TokenClientInterceptor(
+    grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
+    grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
+):
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def _with_token(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()))
+        metadata.add(TOKEN_HEADER, self._token)
+        return grpc.aio.ClientCallDetails(
+            details.method,
+            details.timeout,
+            metadata,
+            details.credentials,
+            details.wait_for_ready,
+        )
+
+    async def intercept_unary_unary(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
+        return await continuation(self._with_token(client_call_details), request)
+
+    async def intercept_unary_stream(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
+        return await continuation(self._with_token(client_call_details), request)
+
+
+def open_channel(address: str, settings: Settings) -> grpc.aio.Channel:
+    """An aio channel to a Keel service with tracing and the internal token."""
+    interceptors: list[Any] = list(aio_client_interceptors())
+    if settings.internal_token:
+        interceptors.append(_TokenClientInterceptor(settings.internal_token))
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)

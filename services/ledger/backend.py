@@ -1,0 +1,203 @@
+"""Which database the ledger's eventsourcing application uses, and its schema.
+
+`KEEL_DATABASE_URL=postgresql://…` selects PostgreSQL (psycopg 3 with a
+connection pool); otherwise each service has its own SQLite file under the
+data directory. Tables are created here rather than by the library so that
+two replicas starting at once serialize on an advisory lock instead of
+racing on `CREATE TABLE IF NOT EXISTS` (which PostgreSQL does not make
+atomic across sessions).
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Callable, Collection
+from typing import Any
+
+import psycopg
+from eventsourcing.application import Application
+from eventsourcing.persistence import ApplicationRecorder
+from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from services.common.config import Settings
+
+
+class LedgerApplication(Application[str]):
+    """The eventsourcing application holding every session stream.
+
+    Its name makes the table `ledger_events`.
+    """
+
+    name = "Ledger"
+
+
+TABLE = "ledger_events"
+
+
+def _pg_params(url: str) -> dict[str, Any]:
+    params = conninfo_to_dict(url)
+    return {
+        "POSTGRES_DBNAME": str(params.get("dbname", "postgres")),
+        "POSTGRES_HOST": str(params.get("host", "127.0.0.1")),
+        "POSTGRES_PORT": str(params.get("port", "5432")),
+        "POSTGRES_USER": str(params.get("user", "postgres")),
+        "POSTGRES_PASSWORD": str(params.get("password", "")),
+    }
+
+
+def backend_env(settings: Settings) -> dict[str, str]:
+    env = {
+        "ORIGINATOR_ID_TYPE": "text",
+        # Tables are created by prepare_backend() under a lock.
+        "CREATE_TABLE": "n",
+    }
+    if settings.uses_postgres:
+        env.update(_pg_params(settings.database_url))
+        env.update(
+            {
+                "PERSISTENCE_MODULE": "eventsourcing.postgres",
+                "POSTGRES_SCHEMA": settings.pg_schema,
+                "POSTGRES_POOL_SIZE": "6",
+                "POSTGRES_MAX_OVERFLOW": "10",
+                "POSTGRES_CONNECT_TIMEOUT": "5",
+                "POSTGRES_PRE_PING": "n",
+                "POSTGRES_LOCK_TIMEOUT": "10",
+                "POSTGRES_ENABLE_DB_FUNCTIONS": "y",
+                "APPLICATION_RECORDER_TOPIC": "services.ledger.backend:SessionNotifyingRecorder",
+            }
+        )
+    else:
+        env.update(
+            {
+                "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+                "SQLITE_DBNAME": str(settings.sqlite_path("ledger")),
+                "SQLITE_LOCK_TIMEOUT": "10",
+            }
+        )
+    return env
+
+
+def _advisory_key(schema: str) -> int:
+    return zlib.crc32(f"keel-ledger-schema:{schema}".encode()) & 0x7FFFFFFF
+
+
+def prepare_backend(settings: Settings) -> None:
+    """Creates the schema and tables once, safely under concurrent starts."""
+    if not settings.uses_postgres:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        LedgerApplication(env=backend_env(settings) | {"CREATE_TABLE": "y"}).close()
+        return
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_advisory_key(settings.pg_schema),))
+        try:
+            conn.execute(
+                sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(settings.pg_schema))
+            )
+            LedgerApplication(env=backend_env(settings) | {"CREATE_TABLE": "y"}).close()
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_advisory_key(settings.pg_schema),))
+
+
+def list_originators(recorder: ApplicationRecorder, after: str, limit: int) -> list[str]:
+    """Session ids > `after`, ascending: the distinct stream ids of the table."""
+    datastore: Any = getattr(recorder, "datastore")  # noqa: B009 - backend specific
+    table = getattr(recorder, "events_table_name")  # noqa: B009
+    if hasattr(datastore, "schema"):
+        query = sql.SQL(
+            "SELECT DISTINCT originator_id FROM {}.{} WHERE originator_id > %s "
+            "ORDER BY originator_id LIMIT %s"
+        ).format(sql.Identifier(datastore.schema), sql.Identifier(table))
+        with datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute(query, (after, limit))
+            return [row["originator_id"] for row in curs.fetchall()]
+    with datastore.transaction(commit=False) as curs:
+        curs.execute(
+            f"SELECT DISTINCT originator_id FROM {table} WHERE originator_id > ? "
+            "ORDER BY originator_id LIMIT ?",
+            (after, limit),
+        )
+        return [row[0] for row in curs.fetchall()]
+
+
+class SessionNotifyingRecorder(PostgresApplicationRecorder):
+    """The library's recorder, but its NOTIFY names the sessions written.
+
+    The insert runs as one database function call (one round trip per batch)
+    and announces, in the same transaction, which streams it touched. Other
+    ledger processes LISTEN and wake exactly those sessions' subscribers,
+    without relying on notification ids committing in order (they don't once
+    the table lock is gone).
+    """
+
+    def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = TABLE) -> None:
+        super().__init__(datastore, events_table_name=events_table_name)
+        self.session_channel = f"{self.channel_name}_sessions"
+        statement = sql.SQL(
+            "CREATE OR REPLACE FUNCTION {schema}.{function}(events {schema}.{event}[]) "
+            "RETURNS SETOF bigint LANGUAGE plpgsql AS $BODY$ "
+            "DECLARE ids text; "
+            "BEGIN "
+            "  SET LOCAL lock_timeout = '{lock_timeout}s'; "
+            "  SELECT string_agg(DISTINCT e.originator_id::text, ',') INTO ids "
+            "    FROM unnest(events) e; "
+            "  IF length(ids) > 7000 THEN ids := '*'; END IF; "
+            "  PERFORM pg_notify({channel}, ids); "
+            "  RETURN QUERY INSERT INTO {schema}.{table} AS t "
+            "    (originator_id, originator_version, topic, state) "
+            "    SELECT originator_id, originator_version, topic, state FROM unnest(events) "
+            "    RETURNING notification_id; "
+            "END; $BODY$"
+        ).format(
+            schema=sql.Identifier(datastore.schema),
+            function=sql.Identifier(self.pg_function_name_insert_events),
+            event=sql.Identifier(self.stored_event_type_name),
+            lock_timeout=sql.SQL(str(int(datastore.lock_timeout))),
+            channel=sql.Literal(self.session_channel),
+            table=sql.Identifier(self.events_table_name),
+        )
+        self.sql_create_statements[self.create_insert_function_statement_index] = statement
+
+
+class LiveTail:
+    """Wakes local subscribers when any ledger process commits to a session.
+
+    LISTENs to the session channel of `SessionNotifyingRecorder`. A payload of
+    `*` (too many sessions to name) wakes everyone; subscribers read from their
+    own cursor, so a spurious or coalesced wake-up is harmless.
+    """
+
+    def __init__(
+        self, database_url: str, channel: str, on_commit: Callable[[Collection[str]], None]
+    ):
+        self._url = database_url
+        self._channel = channel
+        self._on_commit = on_commit
+        self._stopped = threading.Event()
+        self.listening = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ledger-live-tail", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                with psycopg.connect(self._url, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                    self.listening.set()
+                    # Anything committed while we were not listening: wake all.
+                    self._on_commit(("*",))
+                    while not self._stopped.is_set():
+                        for note in conn.notifies(timeout=0.2):
+                            self._on_commit(note.payload.split(","))
+            except psycopg.Error:
+                self.listening.clear()
+                if self._stopped.wait(0.5):
+                    return
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)

@@ -1,0 +1,262 @@
+"""The session stream: one eventsourcing aggregate per session.
+
+The aggregate's version is the fact's `seq`, so a stream is gap-free by
+construction and optimistic concurrency on the version makes every decision
+below (dedup, fence) atomic with the write that follows it: a decision made
+on a stale copy fails to insert and is taken again on fresh state.
+
+No I/O here. The store loads and saves; this module decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from eventsourcing.domain import (
+    BaseAggregate,
+    CanInitAggregate,
+    CanMutateAggregate,
+    MetaDomainEvent,
+)
+
+from services.ledger import facts as F
+from services.ledger.errors import (
+    IdempotencyConflict,
+    InvalidFact,
+    StaleEpoch,
+    UnknownToolCall,
+)
+
+
+@dataclass(frozen=True)
+class Appended:
+    """The outcome of one fact of an append: its seq, and whether it existed."""
+
+    seq: int
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class OpenToolCall:
+    tool_call_id: str
+    name: str
+    assistant_seq: int
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """A consistent read of a stream's derived state."""
+
+    session_id: str
+    tenant_id: str
+    head_seq: int
+    fence_epoch: int
+    owed_input_seqs: tuple[int, ...]
+    open_tool_calls: tuple[OpenToolCall, ...]
+    latest_compaction_seq: int
+    read_watermark: int
+    parked: bool
+    latest_cancel_seq: int
+    context_head_seq: int
+
+    @property
+    def owes_work(self) -> bool:
+        return not self.parked and bool(self.owed_input_seqs or self.open_tool_calls)
+
+
+def timestamp_ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+class SessionEvent(CanMutateAggregate[str], metaclass=MetaDomainEvent):
+    """Base of a session stream's events: string ids, not the default UUIDs."""
+
+    originator_id: str
+    originator_version: int
+    timestamp: datetime
+
+
+class SessionStream(BaseAggregate[str]):
+    """Every fact of one session, folded into the indexes decisions need."""
+
+    class Event(SessionEvent):
+        pass
+
+    class Created(Event, CanInitAggregate[str]):
+        originator_topic: str
+        session_id: str
+        tenant_id: str
+
+    class Recorded(Event):
+        kind: str
+        data: dict[str, Any]
+        epoch: int
+
+        def apply(self, aggregate: Any) -> None:
+            assert isinstance(aggregate, SessionStream)
+            aggregate.fold(self.originator_version, self.kind, self.data)
+
+    @staticmethod
+    def create_id(session_id: str, tenant_id: str) -> str:
+        # Session ids are chosen by the caller (string ids), not UUIDs.
+        return session_id
+
+    def __init__(self, session_id: str, tenant_id: str) -> None:
+        self.tenant_id = tenant_id
+        self.fence_epoch = 0
+        self.read_watermark = 0
+        self.latest_compaction_seq = 0
+        self.latest_cancel_seq = 0
+        self.context_head_seq = 0
+        self.last_input_seq = 0
+        self.parked_at = 0
+        # Dedup indexes: request id -> (seq, body fingerprint), etc.
+        self.requests: dict[str, tuple[int, str]] = {}
+        self.generations: dict[str, int] = {}
+        self.tool_calls: dict[str, OpenToolCall] = {}
+        self.tool_results: dict[str, int] = {}
+        # Insertion-ordered sets (dicts) so owed inputs stay ascending.
+        self.owed_inputs: dict[int, None] = {}
+        self.open_calls: dict[str, None] = {}
+
+    # -- folding committed facts (used on write and on rebuild alike) --
+
+    def fold(self, seq: int, kind: str, data: dict[str, Any]) -> None:
+        if kind in F.CONTEXT_KINDS:
+            self.context_head_seq = seq
+        if kind == F.INPUT:
+            self.requests[data["requestId"]] = (seq, F.input_fingerprint(data))
+            self.owed_inputs[seq] = None
+            self.last_input_seq = seq
+        elif kind == F.EPOCH_STARTED:
+            self.fence_epoch = int(data["epoch"])
+            self.read_watermark = int(data["watermark"])
+        elif kind == F.ASSISTANT:
+            self.generations[data["generationId"]] = seq
+            for call in data.get("toolCalls") or ():
+                self.tool_calls[call["id"]] = OpenToolCall(call["id"], call["name"], seq)
+                self.open_calls[call["id"]] = None
+            for input_seq in data.get("inputSeqs") or ():
+                self.owed_inputs.pop(input_seq, None)
+        elif kind == F.TOOL_RESULT:
+            self.tool_results[data["toolCallId"]] = seq
+            self.open_calls.pop(data["toolCallId"], None)
+        elif kind == F.COMPACTION:
+            self.latest_compaction_seq = seq
+        elif kind == F.CANCELLED:
+            self.latest_cancel_seq = seq
+        elif kind == F.SESSION_PARKED:
+            self.parked_at = seq
+
+    # -- deciding --
+
+    def record(self, new_facts: Sequence[F.NewFact], epoch: int) -> list[Appended]:
+        """Appends `new_facts` in order, or raises without deciding the rest.
+
+        Raises before any event is triggered when the writer is fenced off, so
+        a stale writer never leaves a partial trace on the aggregate.
+        """
+        self._check_fence(new_facts, epoch)
+        return [self._record_one(fact, epoch) for fact in new_facts]
+
+    def _check_fence(self, new_facts: Iterable[F.NewFact], epoch: int) -> None:
+        fence = self.fence_epoch
+        for fact in new_facts:
+            if epoch == 0:
+                if fact.kind not in F.CLIENT_KINDS:
+                    raise InvalidFact(f"{fact.kind} facts are written by a runner with an epoch")
+                continue
+            if fact.kind == F.EPOCH_STARTED:
+                claimed = int(fact.data["epoch"])
+                if claimed != epoch:
+                    raise InvalidFact("epoch_started.epoch must equal the request epoch")
+                if claimed <= fence:
+                    raise StaleEpoch(
+                        f"epoch {claimed} is not newer than the fence {fence}",
+                        epoch=str(epoch),
+                        fence=str(fence),
+                    )
+                fence = claimed
+            elif epoch != fence:
+                raise StaleEpoch(
+                    f"writer epoch {epoch} is not the current fence {fence}",
+                    epoch=str(epoch),
+                    fence=str(fence),
+                )
+
+    def _record_one(self, fact: F.NewFact, epoch: int) -> Appended:
+        data = fact.data
+        if fact.kind == F.INPUT:
+            known = self.requests.get(data["requestId"])
+            if known is not None:
+                if known[1] != F.input_fingerprint(data):
+                    raise IdempotencyConflict(
+                        f"request id {data['requestId']!r} was used for another input",
+                        seq=str(known[0]),
+                    )
+                return Appended(known[0], True)
+            retry_of = data.get("retryOf")
+            if retry_of is not None and retry_of not in self._input_seqs():
+                raise InvalidFact(f"retryOf {retry_of} is not an input of this session")
+        elif fact.kind == F.ASSISTANT:
+            existing = self.generations.get(data["generationId"])
+            if existing is not None:
+                return Appended(existing, True)
+            inputs = self._input_seqs()
+            for seq in data.get("inputSeqs") or ():
+                if seq not in inputs:
+                    raise InvalidFact(f"inputSeqs names {seq}, which is not an input")
+            for call in data.get("toolCalls") or ():
+                if call["id"] in self.tool_calls:
+                    raise InvalidFact(f"tool call id {call['id']!r} was already used")
+        elif fact.kind == F.TOOL_RESULT:
+            call_id = data["toolCallId"]
+            existing = self.tool_results.get(call_id)
+            if existing is not None:
+                return Appended(existing, True)
+            if call_id not in self.tool_calls:
+                raise UnknownToolCall(f"no tool call {call_id!r} in this session")
+        self.trigger_event(self.Recorded, kind=fact.kind, data=dict(data), epoch=epoch)
+        return Appended(self.version, False)
+
+    def _input_seqs(self) -> set[int]:
+        return {seq for seq, _ in self.requests.values()}
+
+    def view(self) -> SessionView:
+        return SessionView(
+            session_id=str(self.id),
+            tenant_id=self.tenant_id,
+            head_seq=self.version,
+            fence_epoch=self.fence_epoch,
+            owed_input_seqs=tuple(self.owed_inputs),
+            open_tool_calls=tuple(self.tool_calls[c] for c in self.open_calls),
+            latest_compaction_seq=self.latest_compaction_seq,
+            read_watermark=self.read_watermark,
+            parked=self.parked_at > self.last_input_seq,
+            latest_cancel_seq=self.latest_cancel_seq,
+            context_head_seq=self.context_head_seq,
+        )
+
+
+def to_committed(session_id: str, event: Any) -> F.CommittedFact:
+    """A stored domain event as the fact clients see."""
+    if isinstance(event, SessionStream.Created):
+        return F.CommittedFact(
+            session_id=session_id,
+            seq=event.originator_version,
+            kind=F.SESSION_CREATED,
+            data={"tenantId": event.tenant_id},
+            timestamp_ms=timestamp_ms(event.timestamp),
+            epoch=0,
+        )
+    return F.CommittedFact(
+        session_id=session_id,
+        seq=event.originator_version,
+        kind=event.kind,
+        data=event.data,
+        timestamp_ms=timestamp_ms(event.timestamp),
+        epoch=event.epoch,
+    )

@@ -1,0 +1,53 @@
+"""Running the ledger service: `keel ledger`, and embedded in `keel up`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.common.config import Settings
+from services.common.serving import RunningServer, serve_services
+from services.ledger.servicer import SessionWaker, ledger_service
+from services.ledger.store import LedgerStore
+
+log = logging.getLogger("keel.ledger")
+
+
+class LedgerServer:
+    """The ledger store served over gRPC on one address."""
+
+    def __init__(self, settings: Settings, address: str = "127.0.0.1:0") -> None:
+        self.settings = settings
+        self.address = address
+        self.waker = SessionWaker()
+        self.store: LedgerStore | None = None
+        self.running: RunningServer | None = None
+
+    async def start(self) -> LedgerServer:
+        self.waker.bind(asyncio.get_running_loop())
+        self.store = await asyncio.to_thread(LedgerStore, self.settings, self.waker.notify)
+        service = ledger_service(self.store, self.waker, self.settings)
+        self.running = await serve_services([service], self.address, self.settings)
+        return self
+
+    @property
+    def target(self) -> str:
+        assert self.running is not None
+        return self.running.address
+
+    async def stop(self, grace: float = 2.0) -> None:
+        if self.running is not None:
+            await self.running.stop(grace)
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+
+async def run_ledger(settings: Settings, address: str) -> None:
+    """Serves until cancelled (SIGINT/SIGTERM), then drains subscribers."""
+    server = await LedgerServer(settings, address).start()
+    log.info("ledger listening on %s", server.target)
+    print(f"ledger listening on {server.target}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.stop()

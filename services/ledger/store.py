@@ -1,0 +1,374 @@
+"""Durable session streams on an eventsourcing application, with group commit.
+
+One writer thread owns every decision. It takes whatever appends are queued
+(at most one per session per batch, so a failed request never drags another
+request of its session down with it), lets each session's aggregate decide,
+and saves all the aggregates that changed in ONE transaction. The table lock
+eventsourcing's recorder takes per transaction is then paid once per batch,
+not once per fact: that is what lets many sessions append faster than a raw
+one-row INSERT+COMMIT loop.
+
+If the batch conflicts (another ledger process appended to one of its
+sessions), every request of the batch is redone alone on freshly loaded
+state, so one contended session never fails the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from eventsourcing.application import AggregateNotFoundError
+from eventsourcing.persistence import IntegrityError, PersistenceError
+
+from services.common.config import Settings
+from services.common.errors import ServiceUnavailable
+from services.ledger import facts as F
+from services.ledger.backend import (
+    LedgerApplication,
+    LiveTail,
+    SessionNotifyingRecorder,
+    backend_env,
+    list_originators,
+    prepare_backend,
+)
+from services.ledger.domain import Appended, SessionStream, SessionView, to_committed
+from services.ledger.errors import LedgerError, SessionExists, SessionNotFound, WriteContention
+
+log = logging.getLogger("keel.ledger.store")
+
+MAX_BATCH = 512
+CACHE_SIZE = 4096
+CONFLICT_RETRIES = 8
+
+OnCommit = Callable[[Collection[str]], None]
+
+
+@dataclass
+class _PendingAppend:
+    """One queued append and how to tell its caller the outcome."""
+
+    session_id: str
+    new_facts: Sequence[F.NewFact]
+    epoch: int
+    future: concurrent.futures.Future[list[Appended]] = field(
+        default_factory=concurrent.futures.Future
+    )
+    # Set for callers on an event loop: settled in one loop callback per
+    # batch instead of one cross-thread wake-up per append.
+    aio_future: asyncio.Future[list[Appended]] | None = None
+
+    def settle(self, outcome: list[Appended] | BaseException) -> None:
+        if self.aio_future is None:
+            if isinstance(outcome, BaseException):
+                self.future.set_exception(outcome)
+            else:
+                self.future.set_result(outcome)
+
+
+def _settle_on_loop(settled: list[tuple[_PendingAppend, list[Appended] | BaseException]]) -> None:
+    for pending, outcome in settled:
+        target = pending.aio_future
+        if target is None or target.done():  # the caller went away
+            continue
+        if isinstance(outcome, BaseException):
+            target.set_exception(outcome)
+        else:
+            target.set_result(outcome)
+
+
+_STOP = object()
+
+
+class LedgerStore:
+    """Session streams: append through the group committer, read directly."""
+
+    def __init__(self, settings: Settings, on_commit: OnCommit | None = None) -> None:
+        prepare_backend(settings)
+        self.app = LedgerApplication(env=backend_env(settings))
+        self._on_commit = on_commit or (lambda ids: None)
+        # Aggregates by session, least recently used first. Guarded by _lock,
+        # which the writer holds for a whole batch (decide + save), so readers
+        # never observe a decision that was not committed.
+        self._streams: OrderedDict[str, SessionStream] = OrderedDict()
+        self._lock = threading.RLock()
+        self._readers = 0
+        self._closed = False
+        self._readers_changed = threading.Condition()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write_loop, name="ledger-writer", daemon=True)
+        self._writer.start()
+        # Commits of other ledger processes on the same PostgreSQL.
+        self._tail: LiveTail | None = None
+        if settings.uses_postgres:
+            recorder = self.app.recorder
+            assert isinstance(recorder, SessionNotifyingRecorder)
+            self._tail = LiveTail(settings.database_url, recorder.session_channel, self._on_commit)
+            self._tail.start()
+        self.batches = 0
+        self.batched_appends = 0
+
+    # -- writes --
+
+    def create_session(self, session_id: str, tenant_id: str) -> bool:
+        """Creates the stream; False if it already exists for this tenant."""
+        with self._reading(), self._lock:
+            stream = SessionStream(session_id=session_id, tenant_id=tenant_id)
+            try:
+                self._save([stream])
+            except IntegrityError:
+                existing = self._load(session_id)
+                if existing.tenant_id != tenant_id:
+                    raise SessionExists(f"session {session_id!r} exists") from None
+                return False
+            self._remember(stream)
+        self._on_commit((session_id,))
+        return True
+
+    def submit(
+        self, session_id: str, new_facts: Sequence[F.NewFact], epoch: int
+    ) -> concurrent.futures.Future[list[Appended]]:
+        """Queues an append; the future resolves once it is durable (or refused)."""
+        pending = _PendingAppend(session_id, new_facts, epoch)
+        self._queue.put(pending)
+        return pending.future
+
+    def submit_async(
+        self, session_id: str, new_facts: Sequence[F.NewFact], epoch: int
+    ) -> asyncio.Future[list[Appended]]:
+        """Like submit(), for a caller on the running event loop."""
+        pending = _PendingAppend(session_id, new_facts, epoch)
+        pending.aio_future = asyncio.get_running_loop().create_future()
+        self._queue.put(pending)
+        return pending.aio_future
+
+    def append(self, session_id: str, new_facts: Sequence[F.NewFact], epoch: int) -> list[Appended]:
+        return self.submit(session_id, new_facts, epoch).result()
+
+    # -- reads --
+
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        # Reads run on worker threads; close() waits for them, because closing
+        # a connection another thread is using can crash the process (SQLite).
+        with self._readers_changed:
+            if self._closed:
+                raise ServiceUnavailable("the ledger store is closed")
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._readers_changed:
+                self._readers -= 1
+                self._readers_changed.notify_all()
+
+    def read(self, session_id: str, after_seq: int, limit: int) -> list[F.CommittedFact]:
+        with self._reading():
+            events = list(self.app.events.get(session_id, gt=after_seq, limit=limit))
+            if not events and not self.exists(session_id):
+                raise SessionNotFound(f"no session {session_id!r}")
+            return [to_committed(session_id, e) for e in events]
+
+    def head(self, session_id: str) -> int:
+        with self._reading():
+            last = self.app.recorder.select_events(session_id, desc=True, limit=1)
+            return last[0].originator_version if last else 0
+
+    def exists(self, session_id: str) -> bool:
+        with self._reading():
+            return bool(self.app.recorder.select_events(session_id, limit=1))
+
+    def view(self, session_id: str) -> SessionView:
+        """Derived state, brought up to date with what other processes wrote."""
+        with self._reading(), self._lock:
+            stream = self._load(session_id)
+            self._fast_forward(stream)
+            return stream.view()
+
+    def session_ids(self, after: str, limit: int) -> list[str]:
+        with self._reading():
+            return list_originators(self.app.recorder, after, limit)
+
+    # -- the writer --
+
+    def _write_loop(self) -> None:
+        carried: list[_PendingAppend] = []
+        while True:
+            if carried:
+                batch, carried = carried, []
+            else:
+                item = self._queue.get()
+                if item is _STOP:
+                    return
+                batch = [item]
+            while len(batch) < MAX_BATCH:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    self._queue.put(_STOP)
+                    break
+                batch.append(item)
+            carried = self._commit_batch(batch)
+
+    def _commit_batch(self, batch: list[_PendingAppend]) -> list[_PendingAppend]:
+        """Commits one request per session; returns the rest for the next batch."""
+        chosen: dict[str, _PendingAppend] = {}
+        later: list[_PendingAppend] = []
+        for pending in batch:
+            if pending.session_id in chosen:
+                later.append(pending)
+            else:
+                chosen[pending.session_id] = pending
+        settled: list[tuple[_PendingAppend, list[Appended] | BaseException]] = []
+        committed: list[str] = []
+        with self._lock:
+            decided: list[tuple[_PendingAppend, SessionStream, list[Appended]]] = []
+            for pending in chosen.values():
+                outcome = self._decide(pending, settled)
+                if outcome is not None:
+                    decided.append(outcome)
+            changed = [stream for _, stream, _ in decided if stream.pending_events]
+            try:
+                if changed:
+                    self._save(changed)
+            except IntegrityError:
+                for _, stream, _ in decided:
+                    self._forget(stream.id)
+                for pending, _, _ in decided:
+                    self._commit_alone(pending, settled, committed)
+            except (PersistenceError, OSError) as exc:
+                self._fail_all(decided, exc, settled)
+            else:
+                self.batches += 1
+                self.batched_appends += len(decided)
+                settled.extend((pending, results) for pending, _, results in decided)
+                committed.extend(stream.id for stream in changed)
+        self._deliver(settled)
+        if committed:
+            self._on_commit(committed)
+        return later
+
+    def _deliver(
+        self, settled: list[tuple[_PendingAppend, list[Appended] | BaseException]]
+    ) -> None:
+        """Tells every caller of the batch its outcome: one loop wake-up per loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        for pending, outcome in settled:
+            if pending.aio_future is None:
+                pending.settle(outcome)
+            else:
+                by_loop.setdefault(pending.aio_future.get_loop(), []).append((pending, outcome))
+        for loop, items in by_loop.items():
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_settle_on_loop, items)
+
+    def _decide(
+        self, pending: _PendingAppend, settled: list[Any]
+    ) -> tuple[_PendingAppend, SessionStream, list[Appended]] | None:
+        stream: SessionStream | None = None
+        try:
+            stream = self._load(pending.session_id)
+            results = stream.record(pending.new_facts, pending.epoch)
+        except LedgerError as error:
+            if stream is not None and stream.pending_events:
+                # A later fact of the request was refused after earlier ones
+                # were decided: drop the half-decided copy, keep nothing.
+                self._forget(pending.session_id)
+            settled.append((pending, error))
+            return None
+        except (PersistenceError, OSError) as exc:
+            settled.append((pending, ServiceUnavailable(f"ledger store unavailable: {exc}")))
+            return None
+        return pending, stream, results
+
+    def _commit_alone(
+        self, pending: _PendingAppend, settled: list[Any], committed: list[str]
+    ) -> None:
+        for _ in range(CONFLICT_RETRIES):
+            outcome = self._decide(pending, settled)
+            if outcome is None:
+                return
+            _, stream, results = outcome
+            try:
+                if stream.pending_events:
+                    self._save([stream])
+            except IntegrityError:
+                self._forget(stream.id)
+                continue
+            except (PersistenceError, OSError) as exc:
+                self._fail_all([outcome], exc, settled)
+                return
+            settled.append((pending, results))
+            committed.append(stream.id)
+            return
+        error = WriteContention(f"session {pending.session_id!r} kept changing under this append")
+        settled.append((pending, error))
+
+    def _fail_all(
+        self,
+        decided: Sequence[tuple[_PendingAppend, SessionStream, list[Appended]]],
+        exc: Exception,
+        settled: list[Any],
+    ) -> None:
+        # Whether the transaction committed is unknown: drop the cached copies
+        # and let the caller retry; dedup makes the retry safe.
+        log.warning("ledger commit failed: %s", exc)
+        for pending, stream, _ in decided:
+            self._forget(stream.id)
+            settled.append((pending, ServiceUnavailable(f"ledger store unavailable: {exc}")))
+
+    # -- the aggregate cache --
+
+    def _save(self, streams: Sequence[SessionStream]) -> None:
+        # The event store directly, not Application.save(): the latter's
+        # protocol checks and snapshot/notify hooks cost more CPU than the
+        # whole insert on this path, and the ledger uses none of them.
+        events = [event for stream in streams for event in stream.collect_events()]
+        self.app.events.put(events)
+
+    def _load(self, session_id: str) -> SessionStream:
+        stream = self._streams.get(session_id)
+        if stream is not None:
+            self._streams.move_to_end(session_id)
+            return stream
+        try:
+            stream = self.app.repository.get(session_id)
+        except AggregateNotFoundError:
+            raise SessionNotFound(f"no session {session_id!r}") from None
+        assert isinstance(stream, SessionStream)
+        self._remember(stream)
+        return stream
+
+    def _fast_forward(self, stream: SessionStream) -> None:
+        for event in self.app.events.get(stream.id, gt=stream.version):
+            assert isinstance(event, SessionStream.Event)
+            event.mutate(stream)
+
+    def _remember(self, stream: SessionStream) -> None:
+        self._streams[stream.id] = stream
+        self._streams.move_to_end(stream.id)
+        while len(self._streams) > CACHE_SIZE:
+            self._streams.popitem(last=False)
+
+    def _forget(self, session_id: str) -> None:
+        self._streams.pop(session_id, None)
+
+    def close(self) -> None:
+        if self._tail is not None:
+            self._tail.stop()
+        self._queue.put(_STOP)
+        self._writer.join(timeout=10)
+        with self._readers_changed:
+            self._closed = True
+            self._readers_changed.wait_for(lambda: self._readers == 0, timeout=10)
+        self.app.close()

@@ -1,0 +1,86 @@
+"""Two ledger processes on one PostgreSQL serve one set of streams."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from services.common.config import Settings
+from services.ledger import LedgerClient
+from services.ledger.store import LedgerStore
+from tests.conftest import settings_env
+from tests.processes import ChildProcess
+
+
+@pytest.fixture
+def two_ledgers(pg_settings: Settings) -> Iterator[tuple[str, str]]:
+    env = settings_env(pg_settings)
+    children = [
+        ChildProcess.python("-m", "services.ledger", "--address", "127.0.0.1:0", env=env)
+        for _ in range(2)
+    ]
+    try:
+        yield children[0].wait_listening(), children[1].wait_listening()
+    finally:
+        for child in children:
+            child.kill()
+
+
+async def test_subscriber_on_one_sees_appends_through_the_other(
+    two_ledgers: tuple[str, str],
+) -> None:
+    first, second = two_ledgers
+    async with LedgerClient(first) as a, LedgerClient(second) as b:
+        await a.create_session("shared", "t")
+        await a.append_one("shared", "input", {"text": "via a", "requestId": "r0"})
+
+        seen: list[tuple[int, str]] = []
+
+        async def follow() -> None:
+            async for fact in a.subscribe("shared", 0):
+                seen.append((fact.seq, fact.data.get("requestId", "")))
+                if fact.seq == 12:
+                    return
+
+        follower = asyncio.create_task(follow())
+        for i in range(1, 11):
+            appended = await b.append_one(
+                "shared", "input", {"text": "via b", "requestId": f"r{i}"}
+            )
+            assert appended.seq == 2 + i
+        await asyncio.wait_for(follower, 30)
+        assert [s for s, _ in seen] == list(range(1, 13))
+        assert seen[-1][1] == "r10"
+        # Both processes decide on the same state: dedup holds across them.
+        again = await a.append_one("shared", "input", {"text": "via b", "requestId": "r5"})
+        assert again.duplicate and again.seq == 7
+        assert (await a.get_session("shared")).head_seq == 12
+
+
+def test_schema_creation_is_safe_with_replicas_starting_at_once(pg_settings: Settings) -> None:
+    stores: list[LedgerStore] = []
+    errors: list[BaseException] = []
+    gate = threading.Barrier(4)
+
+    def start() -> None:
+        gate.wait()
+        try:
+            stores.append(LedgerStore(pg_settings))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        assert errors == []
+        assert stores[0].create_session("after-race", "t")
+        assert not stores[1].create_session("after-race", "t")
+    finally:
+        for store in stores:
+            store.close()
