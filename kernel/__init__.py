@@ -1,0 +1,67 @@
+"""The kernel: who may work on which session, and since when.
+
+It owns leases (owner runtime, attempt, epoch, expiry), the runnable queue,
+per-tenant admission slots, the runtime registry with its audit
+(`runtime_instances`, `handoffs`), and tenants with their API keys and
+versioned loadouts. Runners claim sessions here; the ledger fences their
+writes by the epoch the kernel issued.
+
+Public surface::
+
+    KernelClient, Attachment   typed async gRPC client (kernel.client)
+    KernelServer, run_kernel   the service (embedded or standalone)
+    KernelConfig               kernel knobs (KEEL_MAX_ATTEMPTS, KEEL_RECONCILE_MS…)
+    Lease, LeaseInfo, FinishResult, RuntimeInfo, HandoffInfo, Loadout
+    KernelError …              the error tree (see kernel.errors)
+
+Leases may end early: when a runtime's Attach stream breaks, its leases are
+expired at once (fast takeover). That is safe because the ledger, not the
+kernel, is the fence — see the docstring of `kernel.expiry` for the argument.
+"""
+
+from kernel.client import Attachment, KernelClient
+from kernel.config import KernelConfig
+from kernel.domain import DEFAULT_LOADOUT, DrainMode, FinishResult, Lease, LeaseInfo
+from kernel.errors import (
+    ApiKeyExists,
+    InvalidApiKey,
+    InvalidArgument,
+    KernelError,
+    LeaseLost,
+    LoadoutNotFound,
+    SessionNotFound,
+    StaleEpoch,
+    UnknownRuntime,
+    UnknownSession,
+    UnknownTenant,
+)
+from kernel.registry import HandoffInfo, RuntimeInfo
+from kernel.server import KernelServer, run_kernel
+from kernel.tenancy import Loadout
+
+__all__ = [
+    "DEFAULT_LOADOUT",
+    "ApiKeyExists",
+    "Attachment",
+    "DrainMode",
+    "FinishResult",
+    "HandoffInfo",
+    "InvalidApiKey",
+    "InvalidArgument",
+    "KernelClient",
+    "KernelConfig",
+    "KernelError",
+    "KernelServer",
+    "Lease",
+    "LeaseInfo",
+    "LeaseLost",
+    "Loadout",
+    "LoadoutNotFound",
+    "RuntimeInfo",
+    "SessionNotFound",
+    "StaleEpoch",
+    "UnknownRuntime",
+    "UnknownSession",
+    "UnknownTenant",
+    "run_kernel",
+]

@@ -1,0 +1,352 @@
+"""`KernelClient`: the typed async client runners and the edge use.
+
+Errors come back as the kernel's own exception classes (`StaleEpoch`,
+`LeaseLost`, `UnknownTenant`, …), so callers never inspect status codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from keel.kernel.v1 import kernel_pb2 as pb
+from keel.kernel.v1 import kernel_pb2_grpc as pb_grpc
+from kernel.domain import DrainMode, FinishResult, Lease, LeaseInfo
+from kernel.errors import InvalidArgument, KernelError, UnknownRuntime
+from kernel.registry import HandoffInfo, RuntimeInfo
+from kernel.tenancy import Loadout
+from services.common.config import Settings
+from services.common.errors import KeelError, error_from_rpc, reasons_of
+from services.common.serving import open_channel
+
+_REASONS = reasons_of(KernelError)
+_DRAIN_TO_PB = {
+    DrainMode.NONE: pb.DRAIN_MODE_NONE,
+    DrainMode.HANDOFF: pb.DRAIN_MODE_HANDOFF,
+    DrainMode.SHUTDOWN: pb.DRAIN_MODE_SHUTDOWN,
+}
+_DRAIN_FROM_PB = {value: mode.value for mode, value in _DRAIN_TO_PB.items()}
+# Extra time a long-polling claim gets beyond its wait before it is abandoned.
+_CLAIM_GRACE_S = 30.0
+# Re-attach delays after a broken stream: quick at first, then at most 2 s.
+_REATTACH_FIRST_S = 0.05
+_REATTACH_MAX_S = 2.0
+
+R = TypeVar("R")
+
+
+def _lease(message: pb.Lease) -> Lease:
+    return Lease(
+        session_id=message.session_id,
+        tenant_id=message.tenant_id,
+        runtime_id=message.runtime_id,
+        attempt_id=message.attempt_id,
+        epoch=message.epoch,
+        expires_at_ms=message.expires_at_ms,
+        reclaimed=message.reclaimed,
+        failures=message.failures,
+    )
+
+
+async def _call(call: Callable[[], Awaitable[R]]) -> R:
+    try:
+        return await call()
+    except grpc.aio.AioRpcError as err:
+        raise error_from_rpc(err, KernelError, _REASONS) from None
+
+
+class Attachment:
+    """Holds a runtime's Attach stream open in a background task.
+
+    While it is open the kernel knows the runtime is alive; when the process
+    dies the stream breaks and the kernel expires the runtime's leases at
+    once (fast takeover). A stream broken while the process lives (a kernel
+    restart, a network blip) is re-opened with a short backoff.
+    """
+
+    def __init__(self, stub: pb_grpc.KernelServiceAsyncStub, runtime_id: str) -> None:
+        self.runtime_id = runtime_id
+        self._stub = stub
+        self._connected = asyncio.Event()
+        self._closed = False
+        # A permanent refusal (unknown runtime, bad id) that ended the task.
+        self.error: KeelError | None = None
+        self._task = asyncio.get_running_loop().create_task(
+            self._hold(), name=f"kernel-attach-{runtime_id}"
+        )
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._task.done()
+
+    @property
+    def connected(self) -> bool:
+        """The stream is open and the kernel has answered on it."""
+        return self._connected.is_set()
+
+    async def wait_connected(self) -> None:
+        """Returns once the kernel confirmed the stream; raises if refused."""
+        connected = asyncio.ensure_future(self._connected.wait())
+        try:
+            await asyncio.wait({connected, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            connected.cancel()
+        if not self._connected.is_set():
+            raise self.error or KernelError(f"the attachment of {self.runtime_id!r} ended")
+
+    async def _hold(self) -> None:
+        delay = _REATTACH_FIRST_S
+        while True:
+            call = self._stub.Attach(pb.AttachRequest(runtime_id=self.runtime_id))
+            try:
+                async for _ in call:
+                    self._connected.set()
+                    delay = _REATTACH_FIRST_S
+            except grpc.aio.AioRpcError as err:
+                error = error_from_rpc(err, KernelError, _REASONS)
+                if isinstance(error, UnknownRuntime | InvalidArgument):
+                    self.error = error
+                    return
+            finally:
+                self._connected.clear()
+                call.cancel()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _REATTACH_MAX_S)
+
+    async def close(self) -> None:
+        """Ends the stream (the kernel then expires whatever is still held)."""
+        self._closed = True
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def __aenter__(self) -> Attachment:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class KernelClient:
+    """Async client of `keel.kernel.v1.KernelService`."""
+
+    def __init__(self, target: str, settings: Settings | None = None) -> None:
+        self._channel = open_channel(target, settings or Settings())
+        self._stub = pb_grpc.KernelServiceStub(self._channel)
+        self._attachments: list[Attachment] = []
+
+    async def close(self) -> None:
+        for attachment in self._attachments:
+            await attachment.close()
+        self._attachments.clear()
+        await self._channel.close(None)
+
+    async def __aenter__(self) -> KernelClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- runtimes --
+
+    async def register_runtime(
+        self,
+        runtime_id: str,
+        address: str = "",
+        *,
+        host: str = "",
+        pid: int = 0,
+        loadout_revision: int = 0,
+        version: str = "",
+        role: str = "runner",
+    ) -> int:
+        """Registers (or re-registers) a runtime; returns the lease TTL in ms."""
+        request = pb.RegisterRuntimeRequest(
+            runtime_id=runtime_id,
+            address=address,
+            host=host,
+            pid=pid,
+            loadout_revision=loadout_revision,
+            version=version,
+            role=role,
+        )
+        response = await _call(lambda: self._stub.RegisterRuntime(request))
+        return response.lease_ttl_ms
+
+    def attach(self, runtime_id: str) -> Attachment:
+        """Starts holding the runtime's Attach stream (needs a running loop)."""
+        self._attachments = [a for a in self._attachments if not a.closed]
+        attachment = Attachment(self._stub, runtime_id)
+        self._attachments.append(attachment)
+        return attachment
+
+    async def set_drain(self, runtime_id: str, mode: str) -> None:
+        """mode: "none", "handoff" or "shutdown"."""
+        try:
+            value = _DRAIN_TO_PB[DrainMode(mode)]
+        except ValueError:
+            raise InvalidArgument(
+                f"drain mode must be none, handoff or shutdown, got {mode!r}", field="mode"
+            ) from None
+        request = pb.SetDrainRequest(runtime_id=runtime_id, mode=value)
+        await _call(lambda: self._stub.SetDrain(request))
+
+    async def record_handoff(
+        self,
+        old_runtime_id: str,
+        new_runtime_id: str,
+        *,
+        loadout_revision: int = 0,
+        in_flight: int = 0,
+        session_id: str = "",
+        epoch: int = 0,
+    ) -> int:
+        request = pb.RecordHandoffRequest(
+            old_runtime_id=old_runtime_id,
+            new_runtime_id=new_runtime_id,
+            loadout_revision=loadout_revision,
+            in_flight=in_flight,
+            session_id=session_id,
+            epoch=epoch,
+        )
+        response = await _call(lambda: self._stub.RecordHandoff(request))
+        return response.handoff_id
+
+    async def list_runtimes(self) -> list[RuntimeInfo]:
+        response = await _call(lambda: self._stub.ListRuntimes(pb.ListRuntimesRequest()))
+        return [
+            RuntimeInfo(
+                runtime_id=r.runtime_id,
+                address=r.address,
+                host=r.host,
+                pid=r.pid,
+                loadout_revision=r.loadout_revision,
+                version=r.version,
+                role=r.role,
+                drain_mode=_DRAIN_FROM_PB.get(r.drain_mode, DrainMode.NONE.value),
+                attached=r.attached,
+                session_ids=tuple(r.session_ids),
+                started_at_ms=r.started_at_ms,
+            )
+            for r in response.runtimes
+        ]
+
+    async def list_handoffs(self, limit: int = 100) -> list[HandoffInfo]:
+        """The newest handoffs first."""
+        request = pb.ListHandoffsRequest(limit=limit)
+        response = await _call(lambda: self._stub.ListHandoffs(request))
+        return [
+            HandoffInfo(
+                handoff_id=h.handoff_id,
+                old_runtime_id=h.old_runtime_id,
+                new_runtime_id=h.new_runtime_id,
+                loadout_revision=h.loadout_revision,
+                in_flight=h.in_flight,
+                session_id=h.session_id,
+                epoch=h.epoch,
+                at_ms=h.at_ms,
+            )
+            for h in response.handoffs
+        ]
+
+    # -- leases --
+
+    async def claim(self, runtime_id: str, wait_ms: int = 0) -> Lease | None:
+        """A lease on a runnable session, or None if none came within wait_ms."""
+        request = pb.ClaimRequest(runtime_id=runtime_id, wait_ms=wait_ms)
+        timeout = max(wait_ms, 0) / 1000 + _CLAIM_GRACE_S
+        response = await _call(lambda: self._stub.Claim(request, timeout=timeout))
+        return _lease(response.lease) if response.HasField("lease") else None
+
+    async def renew(self, session_id: str, epoch: int, runtime_id: str) -> int:
+        """Extends the lease; returns the new expires_at_ms."""
+        request = pb.RenewRequest(session_id=session_id, epoch=epoch, runtime_id=runtime_id)
+        response = await _call(lambda: self._stub.Renew(request))
+        return response.expires_at_ms
+
+    async def release(self, session_id: str, epoch: int, runtime_id: str) -> None:
+        request = pb.ReleaseRequest(session_id=session_id, epoch=epoch, runtime_id=runtime_id)
+        await _call(lambda: self._stub.Release(request))
+
+    async def finish(
+        self,
+        session_id: str,
+        epoch: int,
+        runtime_id: str,
+        read_through: int,
+        *,
+        failed: bool = False,
+        error: str = "",
+    ) -> FinishResult:
+        request = pb.FinishRequest(
+            session_id=session_id,
+            epoch=epoch,
+            runtime_id=runtime_id,
+            read_through=read_through,
+            outcome=pb.FINISH_OUTCOME_FAILED if failed else pb.FINISH_OUTCOME_DONE,
+            error=error,
+        )
+        response = await _call(lambda: self._stub.Finish(request))
+        return FinishResult(
+            requeued=response.requeued,
+            parked=response.parked,
+            not_before_ms=response.not_before_ms,
+        )
+
+    async def enqueue(
+        self, session_id: str, tenant_id: str, input_seq: int = 0, unpark: bool = False
+    ) -> None:
+        request = pb.EnqueueRequest(
+            session_id=session_id, tenant_id=tenant_id, input_seq=input_seq, unpark=unpark
+        )
+        await _call(lambda: self._stub.Enqueue(request))
+
+    async def get_lease(self, session_id: str) -> LeaseInfo:
+        request = pb.GetLeaseRequest(session_id=session_id)
+        response = await _call(lambda: self._stub.GetLease(request))
+        return LeaseInfo(
+            lease=_lease(response.lease) if response.HasField("lease") else None,
+            queued=response.queued,
+            parked=response.parked,
+        )
+
+    # -- tenants --
+
+    async def create_tenant(self, tenant_id: str, name: str = "") -> bool:
+        """True if created, False if it already existed."""
+        request = pb.CreateTenantRequest(tenant_id=tenant_id, name=name)
+        response = await _call(lambda: self._stub.CreateTenant(request))
+        return response.created
+
+    async def create_api_key(
+        self, tenant_id: str, key: str = "", admin: bool = False
+    ) -> tuple[str, str]:
+        """(plain key, key id); the plain key is not stored and not shown again."""
+        request = pb.CreateApiKeyRequest(tenant_id=tenant_id, key=key, admin=admin)
+        response = await _call(lambda: self._stub.CreateApiKey(request))
+        return response.key, response.key_id
+
+    async def authenticate(self, key: str) -> tuple[str, bool]:
+        """(tenant id, admin) of an API key; raises InvalidApiKey."""
+        request = pb.AuthenticateRequest(key=key)
+        response = await _call(lambda: self._stub.Authenticate(request))
+        return response.tenant_id, response.admin
+
+    async def put_loadout(self, tenant_id: str, document: dict[str, Any]) -> int:
+        """Stores a new loadout revision; returns it (1, 2, 3 …)."""
+        request = pb.PutLoadoutRequest(
+            tenant_id=tenant_id, document_json=json.dumps(document, ensure_ascii=False)
+        )
+        response = await _call(lambda: self._stub.PutLoadout(request))
+        return response.revision
+
+    async def get_loadout(self, tenant_id: str, revision: int = 0) -> Loadout:
+        """Revision 0 = latest (revision 0 and the default document if none)."""
+        request = pb.GetLoadoutRequest(tenant_id=tenant_id, revision=revision)
+        response = await _call(lambda: self._stub.GetLoadout(request))
+        return Loadout(response.tenant_id, response.revision, json.loads(response.document_json))

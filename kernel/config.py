@@ -1,0 +1,68 @@
+"""The kernel's own knobs, beyond the shared `Settings` (which owns the TTL).
+
+Frozen, read once from `KEEL_*` variables; tests build their own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kernel.domain import RetryPolicy
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    raw = env.get(name, "")
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    # Consecutive failed attempts after which a session is parked.
+    max_attempts: int = 5
+    # Backoff after the n-th consecutive failure: base * 2^(n-1), capped.
+    backoff_base_ms: int = 1_000
+    backoff_cap_ms: int = 60_000
+    # How often owing sessions are re-read from the ledger (lost wake-ups).
+    reconcile_ms: int = 5_000
+    # A waiting claim re-checks the store this often even without a wake-up,
+    # so work made runnable by another kernel replica (or by the clock:
+    # backoff ending) is seen without an in-process event.
+    recheck_ms: int = 500
+    # How often leases past their TTL are expired; 0 = a tenth of the TTL,
+    # between 50 ms and 1 s.
+    sweep_ms: int = 0
+    # A message on every Attach stream this often, so a dead peer's
+    # connection is written to (and found broken) even when idle.
+    attach_heartbeat_ms: int = 2_000
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(self.max_attempts, self.backoff_base_ms, self.backoff_cap_ms)
+
+    def sweep_interval_ms(self, lease_ms: int) -> int:
+        if self.sweep_ms > 0:
+            return self.sweep_ms
+        return max(50, min(1_000, lease_ms // 10))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> KernelConfig:
+        env = os.environ if env is None else env
+        return cls(
+            max_attempts=_int(env, "KEEL_MAX_ATTEMPTS", 5, 1),
+            backoff_base_ms=_int(env, "KEEL_BACKOFF_BASE_MS", 1_000, 0),
+            backoff_cap_ms=_int(env, "KEEL_BACKOFF_CAP_MS", 60_000, 0),
+            reconcile_ms=_int(env, "KEEL_RECONCILE_MS", 5_000, 10),
+            recheck_ms=_int(env, "KEEL_CLAIM_RECHECK_MS", 500, 10),
+            sweep_ms=_int(env, "KEEL_SWEEP_MS", 0, 0),
+            attach_heartbeat_ms=_int(env, "KEEL_ATTACH_HEARTBEAT_MS", 2_000, 100),
+        )

@@ -1,0 +1,406 @@
+"""The kernel's rules, as pure functions: no I/O, no clock of their own.
+
+A session's kernel state is one `SessionRecord`. Every operation is a
+function from a record and the time to a `Transition` (the new record, the
+change in its tenant's admission slots, and what to count), or it raises a
+`KernelError`. The store loads a record under a row lock, applies one of
+these, and writes the result in the same transaction, so the rules here are
+the whole truth about leases and the store only moves rows.
+
+Lease states::
+
+    free ──claim──▶ held ──release──▶ released ──claim──▶ held …
+                     │  ──finish───▶ finished (──enqueue, claim──▶ held)
+                     └──ttl / disconnect──▶ expired ──claim (reclaimed)──▶ held
+
+A held lease occupies one admission slot of its tenant; every way out of
+`held` returns it. Epochs only grow: each claim issues `epoch + 1`, and the
+epoch is kept across release, finish and expiry.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+from kernel.errors import InvalidArgument, LeaseLost, StaleEpoch
+
+DEFAULT_MAX_RUNS = 8
+DEFAULT_LOADOUT: dict[str, Any] = {
+    "model": {"provider": "scripted", "name": "scripted-1"},
+    "systemPrompt": "You are a helpful assistant.",
+    "tools": ["clock", "sleep", "counter"],
+    "compaction": {"enabled": True},
+    "maxConcurrentRuns": DEFAULT_MAX_RUNS,
+}
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
+
+
+def check_id(value: str, what: str) -> str:
+    """Ids (sessions, tenants, runtimes) share the ledger's alphabet."""
+    if not _ID.fullmatch(value):
+        raise InvalidArgument(
+            f"{what} must be 1-128 characters of letters, digits, '_.:-', got {value[:140]!r}",
+            field=what,
+        )
+    return value
+
+
+class LeaseState(StrEnum):
+    FREE = "free"
+    HELD = "held"
+    RELEASED = "released"
+    FINISHED = "finished"
+    EXPIRED = "expired"
+
+
+class ExpiredBy(StrEnum):
+    TTL = "ttl"
+    # The owner's Attach stream ended: fast takeover (see kernel.expiry).
+    DISCONNECT = "disconnect"
+
+
+class DrainMode(StrEnum):
+    NONE = "none"
+    HANDOFF = "handoff"
+    SHUTDOWN = "shutdown"
+
+
+@dataclass(frozen=True)
+class Lease:
+    session_id: str
+    tenant_id: str
+    runtime_id: str
+    attempt_id: str
+    epoch: int
+    expires_at_ms: int
+    # The previous lease expired (TTL or owner disconnect) instead of being
+    # released or finished: the successor is recovering from a crash.
+    reclaimed: bool
+    # Consecutive failed attempts before this claim.
+    failures: int
+
+
+@dataclass(frozen=True)
+class FinishResult:
+    requeued: bool
+    parked: bool
+    not_before_ms: int
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    # The live lease, or None when nobody may write to the session now.
+    lease: Lease | None
+    # The session owes work (stays true while a lease runs it).
+    queued: bool
+    # Too many consecutive failures: not claimable until unparked.
+    parked: bool
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 5
+    backoff_base_ms: int = 1_000
+    backoff_cap_ms: int = 60_000
+
+    def backoff_ms(self, failures: int) -> int:
+        """Delay after the `failures`-th consecutive failure (base, 2 base, 4 base …)."""
+        if failures <= 0:
+            return 0
+        # The shift is bounded so a huge failure count cannot build a huge int.
+        return min(self.backoff_cap_ms, self.backoff_base_ms << min(failures - 1, 32))
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    session_id: str
+    tenant_id: str
+    # Owes work: set by enqueue, cleared only by a finish with nothing newer.
+    # A held session stays queued (it is not claimable while the lease lives).
+    queued: bool = False
+    parked: bool = False
+    # Newest input seq announced by Enqueue (the max ever seen).
+    input_seq: int = 0
+    # Not claimable before this time (backoff after a failed attempt).
+    not_before_ms: int = 0
+    # When the session last became runnable: queue order and queue wait.
+    queued_at_ms: int = 0
+    state: LeaseState = LeaseState.FREE
+    # The current or last holder.
+    runtime_id: str = ""
+    attempt_id: str = ""
+    epoch: int = 0
+    expires_at_ms: int = 0
+    claimed_at_ms: int = 0
+    expired_by: str = ""
+    failures: int = 0
+    last_error: str = ""
+
+    def live(self, now_ms: int) -> bool:
+        """A lease is in force: its holder may write, nobody else may claim."""
+        return self.state is LeaseState.HELD and self.expires_at_ms > now_ms
+
+    def claimable(self, now_ms: int) -> bool:
+        return (
+            self.queued
+            and not self.parked
+            and self.not_before_ms <= now_ms
+            and not self.live(now_ms)
+        )
+
+    def lease(self, reclaimed: bool = False) -> Lease:
+        return Lease(
+            session_id=self.session_id,
+            tenant_id=self.tenant_id,
+            runtime_id=self.runtime_id,
+            attempt_id=self.attempt_id,
+            epoch=self.epoch,
+            expires_at_ms=self.expires_at_ms,
+            reclaimed=reclaimed,
+            failures=self.failures,
+        )
+
+    def info(self, now_ms: int) -> LeaseInfo:
+        return LeaseInfo(
+            lease=self.lease() if self.live(now_ms) else None,
+            queued=self.queued,
+            parked=self.parked,
+        )
+
+
+class Event(StrEnum):
+    """What a transition means for metrics."""
+
+    NONE = ""
+    CLAIM = "claim"
+    RENEW = "renew"
+    RELEASE = "release"
+    FINISH_DONE = "finish_done"
+    FINISH_FAILED = "finish_failed"
+    FINISH_PARKED = "finish_parked"
+    EXPIRE_TTL = "expire_ttl"
+    EXPIRE_DISCONNECT = "expire_disconnect"
+    ENQUEUE = "enqueue"
+
+
+@dataclass(frozen=True)
+class Transition:
+    before: SessionRecord
+    record: SessionRecord
+    # +1 a slot taken, -1 a slot returned, 0 unchanged.
+    slot_delta: int = 0
+    event: Event = Event.NONE
+    reclaimed: bool = False
+    # How long the ended lease was held (release/finish/expiry), or how long
+    # the session waited in the queue (claim).
+    duration_ms: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return self.record != self.before
+
+
+def unchanged(record: SessionRecord) -> Transition:
+    return Transition(record, record)
+
+
+def enqueue(record: SessionRecord, input_seq: int, unpark: bool, now_ms: int) -> Transition:
+    """Marks the session as owing work; `unpark` also clears a parked state."""
+    updated = replace(record, input_seq=max(record.input_seq, input_seq))
+    if unpark and record.parked:
+        updated = replace(updated, parked=False, failures=0, not_before_ms=0, queued_at_ms=now_ms)
+    if not record.queued:
+        updated = replace(updated, queued=True, queued_at_ms=now_ms)
+    return Transition(record, updated, event=Event.ENQUEUE)
+
+
+def claim(
+    record: SessionRecord, runtime_id: str, attempt_id: str, now_ms: int, ttl_ms: int
+) -> Transition:
+    """Issues the next epoch to `runtime_id`; the caller checked `claimable`."""
+    if not record.claimable(now_ms):
+        raise LeaseLost(f"session {record.session_id!r} is not claimable", state=record.state)
+    # A lease still marked held here is past its TTL: it expired, and its slot
+    # passes straight to the new lease.
+    was_held = record.state is LeaseState.HELD
+    reclaimed = was_held or record.state is LeaseState.EXPIRED
+    updated = replace(
+        record,
+        state=LeaseState.HELD,
+        runtime_id=runtime_id,
+        attempt_id=attempt_id,
+        epoch=record.epoch + 1,
+        expires_at_ms=now_ms + ttl_ms,
+        claimed_at_ms=now_ms,
+        expired_by=ExpiredBy.TTL if was_held else record.expired_by,
+    )
+    waited = max(0, now_ms - max(record.queued_at_ms, record.not_before_ms))
+    return Transition(
+        record,
+        updated,
+        slot_delta=0 if was_held else 1,
+        event=Event.CLAIM,
+        reclaimed=reclaimed,
+        duration_ms=waited,
+    )
+
+
+def expire_due(record: SessionRecord, now_ms: int) -> Transition:
+    """A held lease past its TTL becomes expired (its slot returns)."""
+    if record.state is not LeaseState.HELD or record.expires_at_ms > now_ms:
+        return unchanged(record)
+    updated = replace(record, state=LeaseState.EXPIRED, expired_by=ExpiredBy.TTL)
+    return Transition(
+        record,
+        updated,
+        slot_delta=-1,
+        event=Event.EXPIRE_TTL,
+        duration_ms=max(0, now_ms - record.claimed_at_ms),
+    )
+
+
+def expire_for_disconnect(record: SessionRecord, now_ms: int) -> Transition:
+    """The owner's connection died: the lease ends now, not at its TTL."""
+    if not record.live(now_ms):
+        return expire_due(record, now_ms)
+    updated = replace(
+        record, state=LeaseState.EXPIRED, expired_by=ExpiredBy.DISCONNECT, expires_at_ms=now_ms
+    )
+    return Transition(
+        record,
+        updated,
+        slot_delta=-1,
+        event=Event.EXPIRE_DISCONNECT,
+        duration_ms=max(0, now_ms - record.claimed_at_ms),
+    )
+
+
+def check_holder(record: SessionRecord, epoch: int, runtime_id: str, now_ms: int) -> None:
+    """Raises unless `runtime_id` holds the live lease of `epoch`."""
+    if record.epoch == 0:
+        raise LeaseLost(f"session {record.session_id!r} was never leased", state=record.state)
+    if epoch != record.epoch:
+        raise StaleEpoch(
+            f"epoch {epoch} of session {record.session_id!r} is stale "
+            f"(current epoch {record.epoch})",
+            current_epoch=str(record.epoch),
+        )
+    if runtime_id != record.runtime_id:
+        raise LeaseLost(
+            f"epoch {epoch} of session {record.session_id!r} belongs to another runtime",
+            state=record.state,
+        )
+    if not record.live(now_ms):
+        raise LeaseLost(
+            f"the lease of session {record.session_id!r} epoch {epoch} is {record.state}",
+            state=record.state,
+            expired_by=record.expired_by,
+        )
+
+
+def renew(
+    record: SessionRecord, epoch: int, runtime_id: str, now_ms: int, ttl_ms: int
+) -> Transition:
+    check_holder(record, epoch, runtime_id, now_ms)
+    updated = replace(record, expires_at_ms=max(record.expires_at_ms, now_ms + ttl_ms))
+    return Transition(record, updated, event=Event.RENEW)
+
+
+def release(record: SessionRecord, epoch: int, runtime_id: str, now_ms: int) -> Transition:
+    """Hands the lease back: slot returned, session claimable at once if owed."""
+    already = (
+        record.state is LeaseState.RELEASED
+        and record.epoch == epoch
+        and record.runtime_id == runtime_id
+    )
+    if already:
+        # A retried Release (the reply was lost) is not an error.
+        return unchanged(record)
+    check_holder(record, epoch, runtime_id, now_ms)
+    updated = replace(record, state=LeaseState.RELEASED, expires_at_ms=now_ms, expired_by="")
+    return Transition(
+        record,
+        updated,
+        slot_delta=-1,
+        event=Event.RELEASE,
+        duration_ms=max(0, now_ms - record.claimed_at_ms),
+    )
+
+
+def finish(
+    record: SessionRecord,
+    epoch: int,
+    runtime_id: str,
+    read_through: int,
+    failed: bool,
+    error: str,
+    now_ms: int,
+    policy: RetryPolicy,
+) -> tuple[Transition, FinishResult]:
+    """Settles an attempt.
+
+    Success clears the failure count; the session leaves the queue unless an
+    input newer than `read_through` was announced. Failure backs off
+    exponentially and parks the session after `policy.max_attempts`
+    consecutive failures.
+    """
+    check_holder(record, epoch, runtime_id, now_ms)
+    ended = replace(record, state=LeaseState.FINISHED, expires_at_ms=now_ms, expired_by="")
+    held_for = max(0, now_ms - record.claimed_at_ms)
+    if not failed:
+        newer = record.input_seq > read_through
+        updated = replace(
+            ended,
+            failures=0,
+            last_error="",
+            not_before_ms=0,
+            queued=newer,
+            queued_at_ms=now_ms if newer else record.queued_at_ms,
+        )
+        result = FinishResult(requeued=newer, parked=False, not_before_ms=0)
+        event = Event.FINISH_DONE
+    else:
+        failures = record.failures + 1
+        parked = failures >= policy.max_attempts
+        not_before = 0 if parked else now_ms + policy.backoff_ms(failures)
+        updated = replace(
+            ended,
+            failures=failures,
+            last_error=error,
+            queued=True,
+            parked=parked,
+            not_before_ms=not_before,
+            queued_at_ms=now_ms,
+        )
+        result = FinishResult(requeued=not parked, parked=parked, not_before_ms=not_before)
+        event = Event.FINISH_PARKED if parked else Event.FINISH_FAILED
+    transition = Transition(record, updated, slot_delta=-1, event=event, duration_ms=held_for)
+    return transition, result
+
+
+# -- admission --
+
+
+def admits(in_use: int, max_runs: int) -> bool:
+    return in_use < max_runs
+
+
+def max_runs_of(document: dict[str, Any]) -> int:
+    value = document.get("maxConcurrentRuns", DEFAULT_MAX_RUNS)
+    # bool is an int subclass; `true` is not a count.
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(
+            f"maxConcurrentRuns must be a positive integer, got {value!r}",
+            field="maxConcurrentRuns",
+        )
+    return value
+
+
+def default_loadout() -> dict[str, Any]:
+    """A fresh copy, so a caller editing it cannot change the default."""
+    return copy.deepcopy(DEFAULT_LOADOUT)

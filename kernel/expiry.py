@@ -1,0 +1,142 @@
+"""How leases end without their holder's say: fast takeover and the TTL.
+
+Fast takeover
+-------------
+A live runtime holds an Attach stream open to the kernel. When that stream
+ends — the process died and its socket closed, the connection broke, or the
+runtime closed it — the kernel expires every lease the runtime still holds
+*at once* (`expired_by = "disconnect"`, `expires_at = now`) and wakes the
+waiting claimers, instead of letting the sessions sit until the TTL runs
+out. The successor's claim reports `reclaimed = true`, as after a TTL
+expiry. A runtime that shuts down cleanly releases its leases first, so
+there is nothing left to expire; any end of the stream is treated the same.
+
+Why this is safe even when the runtime is not really dead (a connection
+glitch, a half-open socket): the kernel is not what keeps two writers
+apart — the ledger is. Every runner write to a session stream carries its
+epoch, and the ledger rejects any write whose epoch is not the stream's
+current fence (`STALE_EPOCH`). The successor's first write is
+`epoch_started{epoch + 1}`, which raises the fence atomically with the
+stream version (optimistic concurrency). From that moment on, no write of
+the presumed-dead owner can be accepted. Expiring a lease too early can
+therefore cost duplicate *work* — a tool re-executed at-least-once by the
+successor, with the same idempotency key — but never a duplicate or
+conflicting *fact*. The old owner also learns quickly: its next Renew fails
+with `LEASE_LOST`/`STALE_EPOCH` and it stops.
+
+TTL
+---
+The TTL (`KEEL_LEASE_MS`) still covers what a stream cannot see: a network
+partition (no FIN ever arrives), a hung or SIGSTOPped process whose socket
+stays open. The sweeper expires leases past their TTL every fraction of
+it, returning their admission slots and waking claimers.
+
+A kernel that is itself shutting down ends its Attach streams on purpose;
+those ends are not the runtimes' deaths and expire nothing (the runtimes
+re-attach to another replica).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator
+
+from kernel.errors import UnknownRuntime
+from kernel.registry import RegistryStore
+from kernel.store import LeaseStore, now_ms
+from services.common.errors import KeelError
+
+log = logging.getLogger("keel.kernel.expiry")
+
+
+class Attachments:
+    """The Attach streams open in this kernel process, by runtime."""
+
+    def __init__(self, leases: LeaseStore, registry: RegistryStore, heartbeat_ms: int) -> None:
+        self._leases = leases
+        self._registry = registry
+        self._heartbeat_s = heartbeat_ms / 1000
+        self._streams: Counter[str] = Counter()
+        self._draining = asyncio.Event()
+        self._pending: set[asyncio.Task[None]] = set()
+        # Runtimes whose leases were expired by a disconnect, in order.
+        self.takeovers: list[tuple[str, list[str]]] = []
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
+    def attached(self, runtime_id: str) -> bool:
+        return self._streams[runtime_id] > 0
+
+    async def stream(self, runtime_id: str) -> AsyncIterator[int]:
+        """Yields the server time now and every heartbeat until drained; the
+        caller's cancellation (peer gone) ends it and triggers the takeover."""
+        if not await asyncio.to_thread(self._registry.exists, runtime_id):
+            raise UnknownRuntime(f"runtime {runtime_id!r} is not registered")
+        self._streams[runtime_id] += 1
+        try:
+            await asyncio.to_thread(self._registry.set_attached, runtime_id, True)
+            yield now_ms()
+            while not self._draining.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._draining.wait(), self._heartbeat_s)
+                if not self._draining.is_set():
+                    yield now_ms()
+        finally:
+            # Nothing awaited here: this runs inside a cancelled handler.
+            self._streams[runtime_id] -= 1
+            if self._streams[runtime_id] <= 0:
+                del self._streams[runtime_id]
+                if not self._draining.is_set():
+                    task = asyncio.get_running_loop().create_task(self._detached(runtime_id))
+                    self._pending.add(task)
+                    task.add_done_callback(self._pending.discard)
+
+    async def _detached(self, runtime_id: str) -> None:
+        # A runtime that re-attached meanwhile (a reconnect) is alive.
+        if self.attached(runtime_id):
+            return
+        try:
+            freed = await asyncio.to_thread(self._leases.expire_runtime, runtime_id)
+            if not self.attached(runtime_id):
+                with contextlib.suppress(UnknownRuntime):
+                    await asyncio.to_thread(self._registry.set_attached, runtime_id, False)
+        except KeelError as error:
+            # The store is down: the TTL will expire these leases instead.
+            log.warning("could not expire the leases of %s: %s", runtime_id, error)
+            return
+        if freed:
+            self.takeovers.append((runtime_id, freed))
+            log.info("runtime %s disconnected; expired %d lease(s)", runtime_id, len(freed))
+
+    def drain(self) -> None:
+        """Ends every stream without expiring anything (this kernel stops)."""
+        self._draining.set()
+
+    async def close(self) -> None:
+        self.drain()
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+
+
+class Sweeper:
+    """Expires leases past their TTL, periodically."""
+
+    def __init__(self, leases: LeaseStore, interval_ms: int) -> None:
+        self._leases = leases
+        self._interval_s = interval_ms / 1000
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            try:
+                expired = await asyncio.to_thread(self._leases.sweep)
+            except KeelError as error:
+                log.warning("lease sweep failed: %s", error)
+                continue
+            if expired:
+                log.info("expired %d lease(s) past their TTL", expired)

@@ -1,0 +1,220 @@
+"""The runtime registry and its audit: `runtime_instances` and `handoffs`.
+
+A runtime (a runner or edge process) registers when it starts, holds an
+Attach stream while it lives, and may be drained. Handoffs between runtimes
+(rolling upgrades) are appended to an audit table that is never rewritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kernel.database import Database, Tx
+from kernel.domain import DrainMode
+from kernel.errors import UnknownRuntime
+from kernel.store import Clock, now_ms
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    runtime_id: str
+    address: str
+    host: str
+    pid: int
+    loadout_revision: int
+    version: str
+    role: str
+    # "none", "handoff" or "shutdown".
+    drain_mode: str
+    attached: bool
+    # Sessions whose live lease this runtime holds.
+    session_ids: tuple[str, ...]
+    started_at_ms: int
+
+
+@dataclass(frozen=True)
+class HandoffInfo:
+    handoff_id: int
+    old_runtime_id: str
+    new_runtime_id: str
+    loadout_revision: int
+    in_flight: int
+    session_id: str
+    epoch: int
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class Registration:
+    runtime_id: str
+    address: str = ""
+    host: str = ""
+    pid: int = 0
+    loadout_revision: int = 0
+    version: str = ""
+    role: str = "runner"
+
+
+class RegistryStore:
+    def __init__(self, database: Database, clock: Clock = now_ms) -> None:
+        self._db = database
+        self._clock = clock
+
+    def register(self, registration: Registration) -> None:
+        """Upserts the runtime. A new process (another pid) starts undrained;
+        the same process re-registering (after a kernel restart) keeps its
+        drain mode, so a drain is never undone by a reconnect."""
+        r = registration
+
+        def work(tx: Tx) -> None:
+            now = self._clock()
+            row = tx.one(
+                "SELECT pid, drain_mode, started_at_ms FROM runtime_instances "
+                "WHERE runtime_id = %s {lock}",
+                (r.runtime_id,),
+            )
+            if row is None:
+                tx.execute(
+                    "INSERT INTO runtime_instances (runtime_id, address, host, pid, "
+                    "loadout_revision, version, role, drain_mode, attached, started_at_ms) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 0, %s)",
+                    (
+                        r.runtime_id,
+                        r.address,
+                        r.host,
+                        r.pid,
+                        r.loadout_revision,
+                        r.version,
+                        r.role,
+                        DrainMode.NONE.value,
+                        now,
+                    ),
+                )
+                return
+            same_process = int(row[0]) == r.pid
+            tx.execute(
+                "UPDATE runtime_instances SET address = %s, host = %s, pid = %s, "
+                "loadout_revision = %s, version = %s, role = %s, drain_mode = %s, "
+                "started_at_ms = %s WHERE runtime_id = %s",
+                (
+                    r.address,
+                    r.host,
+                    r.pid,
+                    r.loadout_revision,
+                    r.version,
+                    r.role,
+                    row[1] if same_process else DrainMode.NONE.value,
+                    int(row[2]) if same_process else now,
+                    r.runtime_id,
+                ),
+            )
+
+        self._db.run(work)
+
+    def _update(self, runtime_id: str, assignment: str, value: object) -> None:
+        def work(tx: Tx) -> None:
+            changed = tx.execute(
+                f"UPDATE runtime_instances SET {assignment} = %s WHERE runtime_id = %s",
+                (value, runtime_id),
+            )
+            if changed == 0:
+                raise UnknownRuntime(f"runtime {runtime_id!r} is not registered")
+
+        self._db.run(work)
+
+    def set_attached(self, runtime_id: str, attached: bool) -> None:
+        self._update(runtime_id, "attached", int(attached))
+
+    def set_drain(self, runtime_id: str, mode: DrainMode) -> None:
+        self._update(runtime_id, "drain_mode", mode.value)
+
+    def exists(self, runtime_id: str) -> bool:
+        row = self._db.run(
+            lambda tx: tx.one(
+                "SELECT 1 FROM runtime_instances WHERE runtime_id = %s", (runtime_id,)
+            ),
+            write=False,
+        )
+        return row is not None
+
+    def record_handoff(
+        self,
+        old_runtime_id: str,
+        new_runtime_id: str,
+        loadout_revision: int,
+        in_flight: int,
+        session_id: str,
+        epoch: int,
+    ) -> int:
+        def work(tx: Tx) -> int:
+            row = tx.one(
+                "INSERT INTO handoffs (old_runtime_id, new_runtime_id, loadout_revision, "
+                "in_flight, session_id, epoch, at_ms) VALUES (%s, %s, %s, %s, %s, %s, %s) "
+                "RETURNING handoff_id",
+                (
+                    old_runtime_id,
+                    new_runtime_id,
+                    loadout_revision,
+                    in_flight,
+                    session_id,
+                    epoch,
+                    self._clock(),
+                ),
+            )
+            assert row is not None
+            return int(row[0])
+
+        return self._db.run(work)
+
+    def list_runtimes(self, held_by: Callable[[], dict[str, list[str]]]) -> list[RuntimeInfo]:
+        rows = self._db.run(
+            lambda tx: tx.rows(
+                "SELECT runtime_id, address, host, pid, loadout_revision, version, role, "
+                "drain_mode, attached, started_at_ms FROM runtime_instances "
+                "ORDER BY runtime_id"
+            ),
+            write=False,
+        )
+        sessions = held_by()
+        return [
+            RuntimeInfo(
+                runtime_id=row[0],
+                address=row[1],
+                host=row[2],
+                pid=int(row[3]),
+                loadout_revision=int(row[4]),
+                version=row[5],
+                role=row[6],
+                drain_mode=row[7],
+                attached=bool(row[8]),
+                session_ids=tuple(sessions.get(row[0], ())),
+                started_at_ms=int(row[9]),
+            )
+            for row in rows
+        ]
+
+    def list_handoffs(self, limit: int) -> list[HandoffInfo]:
+        """The newest `limit` handoffs, newest first."""
+        rows = self._db.run(
+            lambda tx: tx.rows(
+                "SELECT handoff_id, old_runtime_id, new_runtime_id, loadout_revision, "
+                "in_flight, session_id, epoch, at_ms FROM handoffs "
+                "ORDER BY handoff_id DESC LIMIT %s",
+                (limit,),
+            ),
+            write=False,
+        )
+        return [
+            HandoffInfo(
+                handoff_id=int(r[0]),
+                old_runtime_id=r[1],
+                new_runtime_id=r[2],
+                loadout_revision=int(r[3]),
+                in_flight=int(r[4]),
+                session_id=r[5],
+                epoch=int(r[6]),
+                at_ms=int(r[7]),
+            )
+            for r in rows
+        ]

@@ -1,0 +1,378 @@
+"""The kernel's gRPC face: validation, long-polling claims, Attach streams.
+
+Every request is validated here (ids, epochs, waits, documents) and turned
+into a clear INVALID_ARGUMENT before it reaches a store; store calls run in
+worker threads so a slow database never blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from keel.kernel.v1 import kernel_pb2 as pb
+from keel.kernel.v1 import kernel_pb2_grpc as pb_grpc
+from kernel.config import KernelConfig
+from kernel.domain import DrainMode, Lease, check_id
+from kernel.errors import InvalidArgument
+from kernel.expiry import Attachments
+from kernel.registry import Registration, RegistryStore
+from kernel.store import LeaseStore
+from kernel.tenancy import TenantStore, parse_document
+from kernel.waker import ClaimWaker
+from services.common.errors import stream_errors, unary_errors
+from services.common.serving import GrpcService
+
+log = logging.getLogger("keel.kernel.servicer")
+Context = grpc.aio.ServicerContext[Any, Any]
+
+# A claim may wait at most this long; longer waits are a caller's bug.
+MAX_WAIT_MS = 300_000
+MAX_TEXT = 4096
+MAX_HANDOFFS = 1000
+
+DRAIN_FROM_PB = {
+    pb.DRAIN_MODE_NONE: DrainMode.NONE,
+    pb.DRAIN_MODE_HANDOFF: DrainMode.HANDOFF,
+    pb.DRAIN_MODE_SHUTDOWN: DrainMode.SHUTDOWN,
+}
+DRAIN_TO_PB = {mode: value for value, mode in DRAIN_FROM_PB.items()}
+
+
+def lease_to_pb(lease: Lease) -> pb.Lease:
+    return pb.Lease(
+        session_id=lease.session_id,
+        tenant_id=lease.tenant_id,
+        runtime_id=lease.runtime_id,
+        attempt_id=lease.attempt_id,
+        epoch=lease.epoch,
+        expires_at_ms=lease.expires_at_ms,
+        reclaimed=lease.reclaimed,
+        failures=lease.failures,
+    )
+
+
+def _epoch(value: int) -> int:
+    if value <= 0:
+        raise InvalidArgument(f"epoch must be positive, got {value}", field="epoch")
+    return value
+
+
+def _non_negative(value: int, what: str) -> int:
+    if value < 0:
+        raise InvalidArgument(f"{what} must be >= 0, got {value}", field=what)
+    return value
+
+
+def _text(value: str, what: str, limit: int = MAX_TEXT) -> str:
+    if len(value) > limit:
+        raise InvalidArgument(f"{what} must be at most {limit} characters", field=what)
+    return value
+
+
+def _optional_id(value: str, what: str) -> str:
+    return check_id(value, what) if value else ""
+
+
+class KernelServicer(pb_grpc.KernelServiceServicer):
+    def __init__(
+        self,
+        leases: LeaseStore,
+        registry: RegistryStore,
+        tenants: TenantStore,
+        attachments: Attachments,
+        waker: ClaimWaker,
+        config: KernelConfig,
+    ) -> None:
+        self._leases = leases
+        self._registry = registry
+        self._tenants = tenants
+        self._attachments = attachments
+        self._waker = waker
+        self._recheck_s = config.recheck_ms / 1000
+        # Releases of leases whose claimer went away (see _claim_once).
+        self._handing_back: set[asyncio.Future[None]] = set()
+
+    async def drain(self) -> None:
+        self._attachments.drain()
+        # Waiting claims give up at once rather than holding the shutdown.
+        self._waker.wake()
+
+    async def close(self) -> None:
+        if self._handing_back:
+            await asyncio.gather(*self._handing_back, return_exceptions=True)
+
+    # -- runtimes --
+
+    @unary_errors
+    async def RegisterRuntime(
+        self, request: pb.RegisterRuntimeRequest, context: Context
+    ) -> pb.RegisterRuntimeResponse:
+        registration = Registration(
+            runtime_id=check_id(request.runtime_id, "runtime_id"),
+            address=_text(request.address, "address", 512),
+            host=_text(request.host, "host", 512),
+            pid=_non_negative(request.pid, "pid"),
+            loadout_revision=_non_negative(request.loadout_revision, "loadout_revision"),
+            version=_text(request.version, "version", 256),
+            role=check_id(request.role or "runner", "role"),
+        )
+        await asyncio.to_thread(self._registry.register, registration)
+        return pb.RegisterRuntimeResponse(lease_ttl_ms=self._leases.lease_ms)
+
+    @stream_errors
+    async def Attach(
+        self, request: pb.AttachRequest, context: Context
+    ) -> AsyncIterator[pb.AttachResponse]:
+        runtime_id = check_id(request.runtime_id, "runtime_id")
+        async for server_time in self._attachments.stream(runtime_id):
+            yield pb.AttachResponse(server_time_ms=server_time)
+
+    @unary_errors
+    async def SetDrain(self, request: pb.SetDrainRequest, context: Context) -> pb.SetDrainResponse:
+        runtime_id = check_id(request.runtime_id, "runtime_id")
+        mode = DRAIN_FROM_PB.get(request.mode)
+        if mode is None:
+            raise InvalidArgument("mode must be NONE, HANDOFF or SHUTDOWN", field="mode")
+        await asyncio.to_thread(self._registry.set_drain, runtime_id, mode)
+        if mode is DrainMode.NONE:
+            self._waker.wake()
+        return pb.SetDrainResponse()
+
+    @unary_errors
+    async def RecordHandoff(
+        self, request: pb.RecordHandoffRequest, context: Context
+    ) -> pb.RecordHandoffResponse:
+        handoff_id = await asyncio.to_thread(
+            self._registry.record_handoff,
+            check_id(request.old_runtime_id, "old_runtime_id"),
+            _optional_id(request.new_runtime_id, "new_runtime_id"),
+            _non_negative(request.loadout_revision, "loadout_revision"),
+            _non_negative(request.in_flight, "in_flight"),
+            _optional_id(request.session_id, "session_id"),
+            _non_negative(request.epoch, "epoch"),
+        )
+        return pb.RecordHandoffResponse(handoff_id=handoff_id)
+
+    @unary_errors
+    async def ListRuntimes(
+        self, request: pb.ListRuntimesRequest, context: Context
+    ) -> pb.ListRuntimesResponse:
+        runtimes = await asyncio.to_thread(self._registry.list_runtimes, self._leases.held_by)
+        return pb.ListRuntimesResponse(
+            runtimes=[
+                pb.Runtime(
+                    runtime_id=r.runtime_id,
+                    address=r.address,
+                    host=r.host,
+                    pid=r.pid,
+                    loadout_revision=r.loadout_revision,
+                    version=r.version,
+                    role=r.role,
+                    drain_mode=DRAIN_TO_PB.get(DrainMode(r.drain_mode), pb.DRAIN_MODE_UNSPECIFIED),
+                    attached=r.attached,
+                    session_ids=list(r.session_ids),
+                    started_at_ms=r.started_at_ms,
+                )
+                for r in runtimes
+            ]
+        )
+
+    @unary_errors
+    async def ListHandoffs(
+        self, request: pb.ListHandoffsRequest, context: Context
+    ) -> pb.ListHandoffsResponse:
+        limit = _non_negative(request.limit, "limit") or 100
+        handoffs = await asyncio.to_thread(self._registry.list_handoffs, min(limit, MAX_HANDOFFS))
+        return pb.ListHandoffsResponse(
+            handoffs=[
+                pb.Handoff(
+                    handoff_id=h.handoff_id,
+                    old_runtime_id=h.old_runtime_id,
+                    new_runtime_id=h.new_runtime_id,
+                    loadout_revision=h.loadout_revision,
+                    in_flight=h.in_flight,
+                    session_id=h.session_id,
+                    epoch=h.epoch,
+                    at_ms=h.at_ms,
+                )
+                for h in handoffs
+            ]
+        )
+
+    # -- leases --
+
+    @unary_errors
+    async def Claim(self, request: pb.ClaimRequest, context: Context) -> pb.ClaimResponse:
+        runtime_id = check_id(request.runtime_id, "runtime_id")
+        wait_ms = _non_negative(request.wait_ms, "wait_ms")
+        if wait_ms > MAX_WAIT_MS:
+            raise InvalidArgument(f"wait_ms must be at most {MAX_WAIT_MS}", field="wait_ms")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        while True:
+            # Taken before asking the store: a change committed after this
+            # point wakes the wait below even if it raced the query.
+            woken = self._waker.current()
+            lease = await self._claim_once(runtime_id)
+            if lease is not None:
+                return pb.ClaimResponse(lease=lease_to_pb(lease))
+            remaining = deadline - loop.time()
+            if remaining <= 0 or self._attachments.draining:
+                return pb.ClaimResponse()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), min(remaining, self._recheck_s))
+
+    async def _claim_once(self, runtime_id: str) -> Lease | None:
+        """One store claim. If the caller goes away while it runs (a client
+        deadline, a dead peer), a lease it took is handed straight back
+        instead of sitting unused until its TTL."""
+        claiming = asyncio.ensure_future(asyncio.to_thread(self._leases.claim, runtime_id))
+        try:
+            return await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            claiming.add_done_callback(self._hand_back)
+            raise
+
+    def _hand_back(self, claiming: asyncio.Future[Lease | None]) -> None:
+        if claiming.cancelled() or claiming.exception() is not None:
+            return
+        lease = claiming.result()
+        if lease is None:
+            return
+        release = asyncio.ensure_future(
+            asyncio.to_thread(self._leases.release, lease.session_id, lease.epoch, lease.runtime_id)
+        )
+        self._handing_back.add(release)
+        release.add_done_callback(self._handed_back)
+
+    def _handed_back(self, release: asyncio.Future[None]) -> None:
+        self._handing_back.discard(release)
+        # A failed hand-back only means the lease lives until its TTL.
+        if not release.cancelled() and release.exception() is not None:
+            log.warning("could not hand back an abandoned claim: %s", release.exception())
+
+    @unary_errors
+    async def Renew(self, request: pb.RenewRequest, context: Context) -> pb.RenewResponse:
+        expires = await asyncio.to_thread(
+            self._leases.renew,
+            check_id(request.session_id, "session_id"),
+            _epoch(request.epoch),
+            check_id(request.runtime_id, "runtime_id"),
+        )
+        return pb.RenewResponse(expires_at_ms=expires)
+
+    @unary_errors
+    async def Release(self, request: pb.ReleaseRequest, context: Context) -> pb.ReleaseResponse:
+        await asyncio.to_thread(
+            self._leases.release,
+            check_id(request.session_id, "session_id"),
+            _epoch(request.epoch),
+            check_id(request.runtime_id, "runtime_id"),
+        )
+        return pb.ReleaseResponse()
+
+    @unary_errors
+    async def Finish(self, request: pb.FinishRequest, context: Context) -> pb.FinishResponse:
+        result = await asyncio.to_thread(
+            self._leases.finish,
+            check_id(request.session_id, "session_id"),
+            _epoch(request.epoch),
+            check_id(request.runtime_id, "runtime_id"),
+            _non_negative(request.read_through, "read_through"),
+            request.outcome == pb.FINISH_OUTCOME_FAILED,
+            request.error[:MAX_TEXT],
+        )
+        return pb.FinishResponse(
+            requeued=result.requeued, parked=result.parked, not_before_ms=result.not_before_ms
+        )
+
+    @unary_errors
+    async def Enqueue(self, request: pb.EnqueueRequest, context: Context) -> pb.EnqueueResponse:
+        await asyncio.to_thread(
+            self._leases.enqueue,
+            check_id(request.session_id, "session_id"),
+            check_id(request.tenant_id, "tenant_id"),
+            _non_negative(request.input_seq, "input_seq"),
+            request.unpark,
+        )
+        return pb.EnqueueResponse()
+
+    @unary_errors
+    async def GetLease(self, request: pb.GetLeaseRequest, context: Context) -> pb.GetLeaseResponse:
+        info = await asyncio.to_thread(
+            self._leases.get_lease, check_id(request.session_id, "session_id")
+        )
+        response = pb.GetLeaseResponse(queued=info.queued, parked=info.parked)
+        if info.lease is not None:
+            response.lease.CopyFrom(lease_to_pb(info.lease))
+        return response
+
+    # -- tenants --
+
+    @unary_errors
+    async def CreateTenant(
+        self, request: pb.CreateTenantRequest, context: Context
+    ) -> pb.CreateTenantResponse:
+        tenant_id = check_id(request.tenant_id, "tenant_id")
+        created = await asyncio.to_thread(
+            self._tenants.create_tenant, tenant_id, _text(request.name, "name", 256)
+        )
+        return pb.CreateTenantResponse(tenant_id=tenant_id, created=created)
+
+    @unary_errors
+    async def CreateApiKey(
+        self, request: pb.CreateApiKeyRequest, context: Context
+    ) -> pb.CreateApiKeyResponse:
+        key, key_id = await asyncio.to_thread(
+            self._tenants.create_api_key,
+            check_id(request.tenant_id, "tenant_id"),
+            request.key,
+            request.admin,
+        )
+        return pb.CreateApiKeyResponse(key=key, key_id=key_id)
+
+    @unary_errors
+    async def Authenticate(
+        self, request: pb.AuthenticateRequest, context: Context
+    ) -> pb.AuthenticateResponse:
+        tenant_id, admin = await asyncio.to_thread(self._tenants.authenticate, request.key)
+        return pb.AuthenticateResponse(tenant_id=tenant_id, admin=admin)
+
+    @unary_errors
+    async def PutLoadout(
+        self, request: pb.PutLoadoutRequest, context: Context
+    ) -> pb.PutLoadoutResponse:
+        tenant_id = check_id(request.tenant_id, "tenant_id")
+        document = parse_document(request.document_json)
+        revision = await asyncio.to_thread(self._tenants.put_loadout, tenant_id, document)
+        # A raised admission limit may let waiting sessions run now.
+        self._waker.wake()
+        return pb.PutLoadoutResponse(revision=revision)
+
+    @unary_errors
+    async def GetLoadout(
+        self, request: pb.GetLoadoutRequest, context: Context
+    ) -> pb.GetLoadoutResponse:
+        tenant_id = check_id(request.tenant_id, "tenant_id")
+        revision = _non_negative(request.revision, "revision")
+        loadout = await asyncio.to_thread(self._tenants.get_loadout, tenant_id, revision)
+        return pb.GetLoadoutResponse(
+            tenant_id=loadout.tenant_id,
+            revision=loadout.revision,
+            document_json=json.dumps(loadout.document, ensure_ascii=False),
+        )
+
+
+def kernel_service(servicer: KernelServicer) -> GrpcService:
+    return GrpcService(
+        name=pb.DESCRIPTOR.services_by_name["KernelService"].full_name,
+        add_to_server=lambda server: pb_grpc.add_KernelServiceServicer_to_server(servicer, server),
+        on_drain=servicer.drain,
+    )

@@ -1,0 +1,394 @@
+"""Leases, the runnable queue and admission slots, in the kernel's tables.
+
+Every operation loads the session row under a row lock, lets
+`kernel.domain` decide, and writes the row and its tenant's slot counter in
+the same transaction. Claims pick candidates with `SKIP LOCKED`, so
+concurrent claimers (in one process or in several kernel replicas) take
+different sessions instead of waiting on each other; the tenant's slot is
+taken by a conditional increment (see `kernel.admission`).
+
+Store calls are synchronous (the servicer runs them in threads). The clock
+is injected so tests can move time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import astuple, dataclass, fields
+from enum import Enum
+from typing import TypeVar
+
+from kernel import admission, domain
+from kernel.database import Database, Row, Tx
+from kernel.domain import (
+    FinishResult,
+    Lease,
+    LeaseInfo,
+    LeaseState,
+    RetryPolicy,
+    SessionRecord,
+    Transition,
+)
+from kernel.errors import InvalidArgument, KernelError, SessionNotFound, UnknownRuntime
+from kernel.metrics import KernelMetrics
+
+log = logging.getLogger("keel.kernel.store")
+
+# How many runnable rows one claim locks and tries (other claimers skip them).
+CLAIM_CANDIDATES = 4
+# Leases expired per sweep transaction.
+SWEEP_BATCH = 500
+
+Clock = Callable[[], int]
+R = TypeVar("R")
+
+_COLUMNS = [f.name for f in fields(SessionRecord)]
+_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM kernel_sessions s"
+_UPDATE = (
+    f"UPDATE kernel_sessions SET {', '.join(f'{c} = %s' for c in _COLUMNS[1:])} "
+    "WHERE session_id = %s"
+)
+_CANDIDATES = (
+    f"{_SELECT} WHERE s.queued = 1 AND s.parked = 0 AND s.state <> 'held' "
+    "AND s.not_before_ms <= %s "
+    "AND NOT EXISTS (SELECT 1 FROM kernel_slots t "
+    "WHERE t.tenant_id = s.tenant_id AND t.in_use >= t.max_runs) "
+    "ORDER BY s.queued_at_ms, s.session_id LIMIT %s {skip_locked}"
+)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _record(row: Row) -> SessionRecord:
+    values = dict(zip(_COLUMNS, row, strict=True))
+    values["queued"] = bool(values["queued"])
+    values["parked"] = bool(values["parked"])
+    values["state"] = LeaseState(values["state"])
+    return SessionRecord(**values)
+
+
+def _params(record: SessionRecord) -> list[object]:
+    out: list[object] = []
+    for value in astuple(record)[1:]:
+        if isinstance(value, bool):
+            value = int(value)
+        elif isinstance(value, Enum):
+            # Plain text in the table, whatever a driver does with enums.
+            value = value.value
+        out.append(value)
+    out.append(record.session_id)
+    return out
+
+
+@dataclass
+class _Refused:
+    """A domain refusal, returned out of the transaction so what was already
+    decided in it (e.g. the lease's TTL expiry) still commits."""
+
+    error: KernelError
+
+
+class LeaseStore:
+    def __init__(
+        self,
+        database: Database,
+        lease_ms: int,
+        policy: RetryPolicy | None = None,
+        metrics: KernelMetrics | None = None,
+        clock: Clock = now_ms,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self._db = database
+        self.lease_ms = lease_ms
+        self.policy = policy or RetryPolicy()
+        self.metrics = metrics or KernelMetrics()
+        self._clock = clock
+        # Called after any commit that may have made a session claimable.
+        self._on_change = on_change or (lambda: None)
+
+    # -- rows --
+
+    def _load(self, tx: Tx, session_id: str) -> SessionRecord | None:
+        row = tx.one(f"{_SELECT} WHERE s.session_id = %s {{lock}}", (session_id,))
+        return None if row is None else _record(row)
+
+    def _apply(
+        self, tx: Tx, transition: Transition, done: list[Transition], slots: bool = True
+    ) -> None:
+        if transition.changed:
+            tx.execute(_UPDATE, _params(transition.record))
+        if slots and transition.slot_delta:
+            admission.adjust(tx, {transition.record.tenant_id: transition.slot_delta})
+        done.append(transition)
+
+    def _committed(self, done: Sequence[Transition]) -> None:
+        self.metrics.record(done)
+        if any(t.event is not domain.Event.RENEW and t.changed for t in done):
+            self._on_change()
+
+    # -- the queue --
+
+    def enqueue(self, session_id: str, tenant_id: str, input_seq: int, unpark: bool) -> None:
+        done: list[Transition] = []
+
+        def work(tx: Tx) -> None:
+            done.clear()  # a transaction redone after a lost race starts over
+            now = self._clock()
+            record = self._load(tx, session_id)
+            if record is None:
+                tx.execute(
+                    "INSERT INTO kernel_sessions (session_id, tenant_id) VALUES (%s, %s) "
+                    "ON CONFLICT (session_id) DO NOTHING",
+                    (session_id, tenant_id),
+                )
+                record = self._load(tx, session_id)
+                assert record is not None
+            if record.tenant_id != tenant_id:
+                raise InvalidArgument(
+                    f"session {session_id!r} belongs to another tenant", field="tenant_id"
+                )
+            self._apply(tx, domain.enqueue(record, input_seq, unpark, now), done)
+            admission.ensure_counter(tx, tenant_id)
+
+        self._db.run(work)
+        self._committed(done)
+
+    def claim(self, runtime_id: str) -> Lease | None:
+        """The oldest claimable session whose tenant has a free slot, or None."""
+        done: list[Transition] = []
+
+        def work(tx: Tx) -> Lease | None:
+            done.clear()
+            now = self._clock()
+            runtime = tx.one(
+                "SELECT drain_mode FROM runtime_instances WHERE runtime_id = %s", (runtime_id,)
+            )
+            if runtime is None:
+                raise UnknownRuntime(f"runtime {runtime_id!r} is not registered")
+            if runtime[0] != domain.DrainMode.NONE:
+                return None
+            # A tenant filling up between the query and the slot update makes
+            # every candidate fail; the next round's query excludes it.
+            for _ in range(3):
+                rows = tx.rows(_CANDIDATES, (now, CLAIM_CANDIDATES))
+                if not rows:
+                    return None
+                for row in rows:
+                    record = _record(row)
+                    transition = domain.claim(
+                        record, runtime_id, uuid.uuid4().hex, now, self.lease_ms
+                    )
+                    if transition.slot_delta > 0 and not admission.take(tx, record.tenant_id):
+                        continue
+                    # The slot (if one was needed) was taken just above.
+                    self._apply(tx, transition, done, slots=False)
+                    return transition.record.lease(transition.reclaimed)
+            return None
+
+        lease = self._db.run(work)
+        self.metrics.record(done)
+        return lease
+
+    # -- the holder's calls --
+
+    def _on_lease(
+        self,
+        session_id: str,
+        decide: Callable[[SessionRecord, int], tuple[Transition, R]],
+    ) -> R:
+        """Loads the session, expires its lease if past TTL, then `decide`s."""
+        done: list[Transition] = []
+
+        def work(tx: Tx) -> R | _Refused:
+            done.clear()
+            now = self._clock()
+            record = self._load(tx, session_id)
+            if record is None:
+                raise SessionNotFound(f"the kernel has no session {session_id!r}")
+            due = domain.expire_due(record, now)
+            self._apply(tx, due, done)
+            try:
+                transition, result = decide(due.record, now)
+            except KernelError as error:
+                return _Refused(error)
+            self._apply(tx, transition, done)
+            return result
+
+        outcome = self._db.run(work)
+        self._committed(done)
+        if isinstance(outcome, _Refused):
+            raise outcome.error
+        return outcome
+
+    def renew(self, session_id: str, epoch: int, runtime_id: str) -> int:
+        def decide(record: SessionRecord, now: int) -> tuple[Transition, int]:
+            transition = domain.renew(record, epoch, runtime_id, now, self.lease_ms)
+            return transition, transition.record.expires_at_ms
+
+        return self._on_lease(session_id, decide)
+
+    def release(self, session_id: str, epoch: int, runtime_id: str) -> None:
+        def decide(record: SessionRecord, now: int) -> tuple[Transition, None]:
+            return domain.release(record, epoch, runtime_id, now), None
+
+        self._on_lease(session_id, decide)
+
+    def finish(
+        self,
+        session_id: str,
+        epoch: int,
+        runtime_id: str,
+        read_through: int,
+        failed: bool = False,
+        error: str = "",
+    ) -> FinishResult:
+        def decide(record: SessionRecord, now: int) -> tuple[Transition, FinishResult]:
+            return domain.finish(
+                record, epoch, runtime_id, read_through, failed, error, now, self.policy
+            )
+
+        return self._on_lease(session_id, decide)
+
+    # -- expiry --
+
+    def sweep(self) -> int:
+        """Expires leases past their TTL (returning their slots); how many."""
+        done: list[Transition] = []
+
+        def work(tx: Tx) -> None:
+            done.clear()
+            now = self._clock()
+            rows = tx.rows(
+                f"{_SELECT} WHERE s.state = 'held' AND s.expires_at_ms <= %s "
+                "ORDER BY s.session_id LIMIT %s {skip_locked}",
+                (now, SWEEP_BATCH),
+            )
+            self._apply_all(tx, [domain.expire_due(_record(r), now) for r in rows], done)
+
+        self._db.run(work)
+        self._committed(done)
+        return len(done)
+
+    def expire_runtime(self, runtime_id: str) -> list[str]:
+        """Fast takeover: ends every live lease of a runtime whose connection
+        died, now rather than at TTL. Returns the sessions it freed."""
+        done: list[Transition] = []
+
+        def work(tx: Tx) -> None:
+            done.clear()
+            now = self._clock()
+            rows = tx.rows(
+                f"{_SELECT} WHERE s.runtime_id = %s AND s.state = 'held' "
+                "ORDER BY s.session_id {lock}",
+                (runtime_id,),
+            )
+            transitions = [domain.expire_for_disconnect(_record(r), now) for r in rows]
+            self._apply_all(tx, transitions, done)
+
+        self._db.run(work)
+        self._committed(done)
+        return [t.record.session_id for t in done]
+
+    def _apply_all(self, tx: Tx, transitions: Sequence[Transition], done: list[Transition]) -> None:
+        """Writes rows, then the slot counters of all their tenants at once."""
+        returned: Counter[str] = Counter()
+        for transition in transitions:
+            if not transition.changed:
+                continue
+            self._apply(tx, transition, done, slots=False)
+            returned[transition.record.tenant_id] += transition.slot_delta
+        admission.adjust(tx, returned)
+
+    def reconcile_slots(self) -> dict[str, tuple[int, int]]:
+        """Recounts every tenant's slots from the live leases (start-up).
+
+        Counters change in the same transaction as the lease rows, so they
+        should already agree; a difference is logged and repaired, never
+        left to leak. Returns {tenant: (counted before, actual)} of repairs.
+        """
+        repairs = self._db.run(admission.recount)
+        for tenant_id, (before, actual) in repairs.items():
+            log.warning("admission slots of %s recounted: %d -> %d", tenant_id, before, actual)
+        return repairs
+
+    # -- reconciliation with the ledger --
+
+    def enqueue_if_stranded(self, session_id: str, tenant_id: str) -> bool:
+        """Enqueues an owing session the kernel does not know is owing (neither
+        queued nor leased): a lost wake-up. True if it was stranded."""
+        done: list[Transition] = []
+
+        def work(tx: Tx) -> bool:
+            done.clear()
+            now = self._clock()
+            record = self._load(tx, session_id)
+            if record is not None and (record.queued or record.live(now)):
+                return False
+            if record is None:
+                tx.execute(
+                    "INSERT INTO kernel_sessions (session_id, tenant_id) VALUES (%s, %s) "
+                    "ON CONFLICT (session_id) DO NOTHING",
+                    (session_id, tenant_id),
+                )
+                record = self._load(tx, session_id)
+                assert record is not None
+            # input_seq 0: the max announced so far stays; the ledger's head
+            # may be an answer, not an input, and must not fake newer work.
+            self._apply(tx, domain.enqueue(record, 0, False, now), done)
+            admission.ensure_counter(tx, record.tenant_id)
+            return True
+
+        stranded = self._db.run(work)
+        self._committed(done)
+        return stranded
+
+    # -- reads --
+
+    def get_lease(self, session_id: str) -> LeaseInfo:
+        now = self._clock()
+        record = self.record(session_id)
+        if record is None:
+            return LeaseInfo(lease=None, queued=False, parked=False)
+        return record.info(now)
+
+    def record(self, session_id: str) -> SessionRecord | None:
+        row = self._db.run(
+            lambda tx: tx.one(f"{_SELECT} WHERE s.session_id = %s", (session_id,)), write=False
+        )
+        return None if row is None else _record(row)
+
+    def held_by(self) -> dict[str, list[str]]:
+        """Live leases by runtime: {runtime_id: [session ids]}."""
+        now = self._clock()
+        rows = self._db.run(
+            lambda tx: tx.rows(
+                "SELECT runtime_id, session_id FROM kernel_sessions "
+                "WHERE state = 'held' AND expires_at_ms > %s ORDER BY session_id",
+                (now,),
+            ),
+            write=False,
+        )
+        out: dict[str, list[str]] = {}
+        for runtime_id, session_id in rows:
+            out.setdefault(runtime_id, []).append(session_id)
+        return out
+
+    def slots(self, tenant_id: str) -> tuple[int, int]:
+        """(in use, max) of a tenant's admission slots."""
+        return self._db.run(lambda tx: admission.usage(tx, tenant_id), write=False)
+
+    def held_count(self, tenant_id: str) -> int:
+        row = self._db.run(
+            lambda tx: tx.one(
+                "SELECT COUNT(*) FROM kernel_sessions WHERE tenant_id = %s AND state = 'held'",
+                (tenant_id,),
+            ),
+            write=False,
+        )
+        return 0 if row is None else int(row[0])

@@ -1,0 +1,191 @@
+"""Tenants, their API keys and their versioned loadouts.
+
+API keys are stored only as SHA-256 hashes: the plain key is returned once
+by `create_api_key` and never again. A key is a long random token, so one
+unsalted hash is enough (it cannot be brute-forced like a password) and
+lets `authenticate` look the key up by its hash directly.
+
+A loadout (model, tools, prompt, compaction and admission settings) is
+versioned: every put is a new revision 1, 2, 3 … of the tenant, and old
+revisions stay readable so a runtime pinned to one can keep using it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from kernel import admission, domain
+from kernel.database import Database, Tx
+from kernel.errors import (
+    ApiKeyExists,
+    InvalidApiKey,
+    InvalidArgument,
+    LoadoutNotFound,
+    UnknownTenant,
+)
+from kernel.store import Clock, now_ms
+
+MAX_DOCUMENT_BYTES = 256 << 10
+MAX_KEY_CHARS = 512
+
+
+@dataclass(frozen=True)
+class Loadout:
+    tenant_id: str
+    # 0 when the tenant has stored none (the document is the default).
+    revision: int
+    document: dict[str, Any]
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def check_key(key: str) -> str:
+    if not key or len(key) > MAX_KEY_CHARS or not key.isprintable() or " " in key:
+        raise InvalidArgument(
+            f"an API key must be 1-{MAX_KEY_CHARS} printable characters without spaces",
+            field="key",
+        )
+    return key
+
+
+def parse_document(document_json: str) -> dict[str, Any]:
+    """A loadout document: a JSON object whose admission setting is valid."""
+    if len(document_json.encode()) > MAX_DOCUMENT_BYTES:
+        raise InvalidArgument(
+            f"a loadout document must be at most {MAX_DOCUMENT_BYTES} bytes", field="document"
+        )
+    try:
+        document = json.loads(document_json)
+    except ValueError as exc:
+        raise InvalidArgument(f"the loadout is not valid JSON: {exc}", field="document") from None
+    if not isinstance(document, dict):
+        raise InvalidArgument("a loadout document must be a JSON object", field="document")
+    domain.max_runs_of(document)
+    return document
+
+
+class TenantStore:
+    def __init__(self, database: Database, clock: Clock = now_ms) -> None:
+        self._db = database
+        self._clock = clock
+
+    @staticmethod
+    def _require_tenant(tx: Tx, tenant_id: str, lock: bool = False) -> None:
+        query = "SELECT 1 FROM tenants WHERE tenant_id = %s" + (" {lock}" if lock else "")
+        if tx.one(query, (tenant_id,)) is None:
+            raise UnknownTenant(f"no tenant {tenant_id!r}", tenant_id=tenant_id)
+
+    def create_tenant(self, tenant_id: str, name: str) -> bool:
+        """True if created, False if it already existed (idempotent)."""
+
+        def work(tx: Tx) -> bool:
+            created = tx.execute(
+                "INSERT INTO tenants (tenant_id, name, created_at_ms) VALUES (%s, %s, %s) "
+                "ON CONFLICT (tenant_id) DO NOTHING",
+                (tenant_id, name, self._clock()),
+            )
+            return created == 1
+
+        return self._db.run(work)
+
+    def create_api_key(self, tenant_id: str, key: str, admin: bool) -> tuple[str, str]:
+        """(plain key, key id). A caller-chosen key (a fixed dev key) that is
+        already the tenant's returns the existing id, so a restart that
+        creates it again is harmless."""
+        plain = check_key(key) if key else "keel_" + secrets.token_urlsafe(32)
+        digest = hash_key(plain)
+
+        def work(tx: Tx) -> str:
+            self._require_tenant(tx, tenant_id)
+            existing = tx.one(
+                "SELECT key_id, tenant_id, admin FROM api_keys WHERE key_hash = %s", (digest,)
+            )
+            if existing is not None:
+                if existing[1] != tenant_id:
+                    raise ApiKeyExists("this key is already registered", field="key")
+                if bool(existing[2]) != admin:
+                    tx.execute(
+                        "UPDATE api_keys SET admin = %s WHERE key_id = %s",
+                        (int(admin), existing[0]),
+                    )
+                return str(existing[0])
+            key_id = "key_" + secrets.token_hex(6)
+            tx.execute(
+                "INSERT INTO api_keys (key_id, tenant_id, key_hash, admin, created_at_ms) "
+                "VALUES (%s, %s, %s, %s, %s)",
+                (key_id, tenant_id, digest, int(admin), self._clock()),
+            )
+            return key_id
+
+        return plain, self._db.run(work)
+
+    def authenticate(self, key: str) -> tuple[str, bool]:
+        """(tenant id, admin) of a plain key; InvalidApiKey if unknown."""
+        if not key or len(key) > MAX_KEY_CHARS:
+            raise InvalidApiKey("missing or unknown API key")
+        row = self._db.run(
+            lambda tx: tx.one(
+                "SELECT tenant_id, admin FROM api_keys WHERE key_hash = %s", (hash_key(key),)
+            ),
+            write=False,
+        )
+        if row is None:
+            raise InvalidApiKey("missing or unknown API key")
+        return str(row[0]), bool(row[1])
+
+    def put_loadout(self, tenant_id: str, document: dict[str, Any]) -> int:
+        """Stores a new revision and applies its admission limit at once."""
+        text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+        max_runs = domain.max_runs_of(document)
+
+        def work(tx: Tx) -> int:
+            # The tenant row lock serializes concurrent puts of one tenant.
+            self._require_tenant(tx, tenant_id, lock=True)
+            row = tx.one(
+                "SELECT COALESCE(MAX(revision), 0) FROM loadouts WHERE tenant_id = %s",
+                (tenant_id,),
+            )
+            revision = (int(row[0]) if row else 0) + 1
+            tx.execute(
+                "INSERT INTO loadouts (tenant_id, revision, document, created_at_ms) "
+                "VALUES (%s, %s, %s, %s)",
+                (tenant_id, revision, text, self._clock()),
+            )
+            admission.set_limit(tx, tenant_id, max_runs)
+            return revision
+
+        return self._db.run(work)
+
+    def get_loadout(self, tenant_id: str, revision: int) -> Loadout:
+        """Revision 0 is the latest; the default document when none is stored."""
+
+        def work(tx: Tx) -> Loadout:
+            self._require_tenant(tx, tenant_id)
+            if revision == 0:
+                row = tx.one(
+                    "SELECT revision, document FROM loadouts WHERE tenant_id = %s "
+                    "ORDER BY revision DESC LIMIT 1",
+                    (tenant_id,),
+                )
+                if row is None:
+                    return Loadout(tenant_id, 0, domain.default_loadout())
+            else:
+                row = tx.one(
+                    "SELECT revision, document FROM loadouts "
+                    "WHERE tenant_id = %s AND revision = %s",
+                    (tenant_id, revision),
+                )
+                if row is None:
+                    raise LoadoutNotFound(
+                        f"tenant {tenant_id!r} has no loadout revision {revision}",
+                        revision=str(revision),
+                    )
+            return Loadout(tenant_id, int(row[0]), json.loads(row[1]))
+
+        return self._db.run(work, write=False)
