@@ -24,12 +24,21 @@ COMPACTION: Final = "compaction"
 ATTEMPT_FAILED: Final = "attempt_failed"
 CANCELLED: Final = "cancelled"
 SESSION_PARKED: Final = "session_parked"
+COMPACTION_FAILED: Final = "compaction_failed"
 
 # Clients (through the edge) write these without an epoch, at any time.
 CLIENT_KINDS: Final = frozenset({INPUT, CANCELLED})
 # Only the owner of the current epoch writes these.
 RUNNER_KINDS: Final = frozenset(
-    {EPOCH_STARTED, ASSISTANT, TOOL_RESULT, COMPACTION, ATTEMPT_FAILED, SESSION_PARKED}
+    {
+        EPOCH_STARTED,
+        ASSISTANT,
+        TOOL_RESULT,
+        COMPACTION,
+        ATTEMPT_FAILED,
+        SESSION_PARKED,
+        COMPACTION_FAILED,
+    }
 )
 APPENDABLE_KINDS: Final = CLIENT_KINDS | RUNNER_KINDS
 # Facts a model request is built from. The generation id derives from the
@@ -172,6 +181,10 @@ def _check_parked(data: Mapping[str, Any]) -> None:
     _require(data, "reason", SESSION_PARKED, str)
 
 
+def _check_compaction_failed(data: Mapping[str, Any]) -> None:
+    _require(data, "error", COMPACTION_FAILED, str)
+
+
 _CHECKS = {
     INPUT: _check_input,
     EPOCH_STARTED: _check_epoch_started,
@@ -181,6 +194,7 @@ _CHECKS = {
     ATTEMPT_FAILED: _check_attempt_failed,
     CANCELLED: lambda data: None,
     SESSION_PARKED: _check_parked,
+    COMPACTION_FAILED: _check_compaction_failed,
 }
 
 

@@ -30,6 +30,7 @@ class Fact(_message.Message):
       attempt_failed  {error, retryable, attempt}
       cancelled       {reason?}
       session_parked  {reason}
+      compaction_failed {error, consecutive, suspended}
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -1,0 +1,71 @@
+"""Errors of the compaction service, each with its gRPC code and reason::
+
+    CompactionError            UNKNOWN              COMPACTION_ERROR
+     ├── InvalidArgument       INVALID_ARGUMENT     INVALID_ARGUMENT
+     │    └── SeqOutOfRange    OUT_OF_RANGE         SEQ_OUT_OF_RANGE
+     ├── SessionNotFound       NOT_FOUND            SESSION_NOT_FOUND
+     ├── StaleEpoch            FAILED_PRECONDITION  STALE_EPOCH
+     ├── BadLoadout            FAILED_PRECONDITION  BAD_LOADOUT
+     └── SummaryFailed         UNAVAILABLE          SUMMARY_FAILED
+
+`StaleEpoch` means the caller's epoch is not the session's current fence: a
+newer attempt owns the session and the caller must stop (the ledger refused,
+or would refuse, the compaction fact). `SummaryFailed` means the summarizing
+model gave no usable summary; nothing was committed and the caller decides
+whether to count it as a failed compaction. A skipped compaction (nothing to
+compact, or a summary that would not shrink the context) is not an error.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from services.common.errors import KeelError
+
+
+class CompactionError(KeelError):
+    """Root of every error the compaction service reports."""
+
+    code = grpc.StatusCode.UNKNOWN
+    reason = "COMPACTION_ERROR"
+
+
+class InvalidArgument(CompactionError):
+    """A malformed request: bad ids, a negative seq or epoch, an unknown reason."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "INVALID_ARGUMENT"
+
+
+class SeqOutOfRange(InvalidArgument):
+    """A seq past the session's head: there is no such point in the session yet."""
+
+    code = grpc.StatusCode.OUT_OF_RANGE
+    reason = "SEQ_OUT_OF_RANGE"
+
+
+class SessionNotFound(CompactionError):
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "SESSION_NOT_FOUND"
+
+
+class StaleEpoch(CompactionError):
+    """The caller's epoch is not the session's current one."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "STALE_EPOCH"
+
+
+class BadLoadout(CompactionError):
+    """The tenant's loadout cannot drive a compaction (unknown tenant, invalid
+    compaction settings or model configuration)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "BAD_LOADOUT"
+
+
+class SummaryFailed(CompactionError):
+    """The summarizing model failed or answered with an empty summary."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "SUMMARY_FAILED"

@@ -1,0 +1,306 @@
+"""One attempt: a claim's work on one session, from watermark to Finish.
+
+The attempt's first write is `epoch_started{epoch, watermark}`: the fence
+rises and the inputs it will answer are fixed. It then rebuilds the
+transcript from the ledger and does only what the ledger says is missing:
+tool calls without results first (a dead predecessor's half answer), then
+owed inputs. Every answer carries a generation id derived from the context
+it was built from, so a repeated answer deduplicates in the ledger.
+
+Commit boundaries (where a handoff may stop the attempt, and where crash tests
+kill it) are the named fault points.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kernel import KernelClient, Lease, LeaseLost
+from kernel import StaleEpoch as KernelStaleEpoch
+from services.ledger import LedgerClient, StaleEpoch
+from services.ledger.facts import CommittedFact
+from services.runner import faults
+from services.runner import transcript as T
+from services.runner.hub import Partial, PartialHub, StatusChange
+from services.runner.providers import (
+    Completed,
+    ContextOverflow,
+    ModelRequest,
+    Provider,
+    ProviderError,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+)
+from services.runner.tools import ToolCall, ToolRegistry
+
+log = logging.getLogger("keel.runner.attempt")
+
+
+class Fenced(Exception):
+    """The ledger or kernel says another attempt owns the session now."""
+
+
+class HandoffStop(Exception):
+    """A handoff drain asked this attempt to stop at a commit boundary."""
+
+
+@dataclass(frozen=True)
+class Loadout:
+    """What an attempt needs from the tenant's loadout document."""
+
+    revision: int
+    system_prompt: str
+    tool_names: tuple[str, ...]
+    model: Mapping[str, Any]
+    compaction: Mapping[str, Any]
+    max_output_tokens: int
+
+    @classmethod
+    def from_document(cls, revision: int, document: Mapping[str, Any]) -> Loadout:
+        model = document.get("model") or {"provider": "scripted", "name": "scripted-1"}
+        return cls(
+            revision=revision,
+            system_prompt=str(document.get("systemPrompt") or "You are a helpful assistant."),
+            tool_names=tuple(document.get("tools") or ("clock", "sleep", "counter")),
+            model=model,
+            compaction=document.get("compaction") or {},
+            max_output_tokens=int(model.get("maxOutputTokens") or 4096),
+        )
+
+
+class CompactionHook(Protocol):
+    """Plugs compaction into the turn loop (the compaction service implements it)."""
+
+    async def before_request(
+        self, attempt: Attempt, facts: Sequence[CommittedFact], *, overflowed: bool
+    ) -> bool:
+        """Compacts if needed; True when a compaction fact was committed."""
+        ...
+
+
+class NoCompaction:
+    async def before_request(
+        self, attempt: Attempt, facts: Sequence[CommittedFact], *, overflowed: bool
+    ) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class AttemptServices:
+    runtime_id: str
+    ledger: LedgerClient
+    kernel: KernelClient
+    hub: PartialHub
+    compaction: CompactionHook
+    # True while a handoff drain wants attempts to stop at a commit boundary.
+    handoff_requested: Callable[[], bool]
+    lease_ms: int
+
+
+class Attempt:
+    def __init__(
+        self,
+        services: AttemptServices,
+        lease: Lease,
+        loadout: Loadout,
+        provider: Provider,
+        tools: ToolRegistry,
+    ) -> None:
+        self.services = services
+        self.lease = lease
+        self.loadout = loadout
+        self.provider = provider
+        self.tools = tools
+        self.session_id = lease.session_id
+        self.epoch = lease.epoch
+        self.attempt_id = lease.attempt_id or uuid.uuid4().hex
+        self.watermark = 0
+        self.facts: list[CommittedFact] = []
+        self.overflows_in_a_row = 0
+
+    # -- ledger access --
+
+    async def refresh(self) -> list[CommittedFact]:
+        after = self.facts[-1].seq if self.facts else 0
+        self.facts.extend(await self.services.ledger.read_all(self.session_id, after))
+        return self.facts
+
+    async def commit(self, kind: str, data: Mapping[str, Any]) -> int:
+        try:
+            appended = await self.services.ledger.append_one(
+                self.session_id, kind, data, epoch=self.epoch
+            )
+        except StaleEpoch as error:
+            raise Fenced(str(error)) from None
+        await self.refresh()
+        return appended.seq
+
+    def status(self, state: str) -> None:
+        self.services.hub.publish(self.session_id, StatusChange(state, self.epoch))  # type: ignore[arg-type]
+
+    def boundary(self, point: str) -> None:
+        """A commit boundary: crash tests stop here, handoffs end here."""
+        faults.hit(point)
+        if self.services.handoff_requested():
+            raise HandoffStop(point)
+
+    # -- the attempt --
+
+    async def start(self) -> None:
+        await self.refresh()
+        self.watermark = T.highest_input(self.facts)
+        await self.commit(
+            "epoch_started",
+            {
+                "epoch": self.epoch,
+                "runtimeId": self.services.runtime_id,
+                "attemptId": self.attempt_id,
+                "watermark": self.watermark,
+            },
+        )
+        faults.hit("after_watermark")
+
+    async def run_turns(self) -> None:
+        """Turns until nothing up to the watermark is owed."""
+        while True:
+            owed = T.owed(self.facts, self.watermark)
+            if owed.cancelled_input_seqs:
+                await self.settle_cancelled(owed)
+                continue
+            if owed.open_calls:
+                await self.run_tools(owed.open_calls)
+                continue
+            if not owed.input_seqs:
+                return
+            await self.answer(owed)
+
+    async def answer(self, owed: T.Owed) -> None:
+        compacted = await self.services.compaction.before_request(
+            self, self.facts, overflowed=False
+        )
+        if compacted:
+            self.boundary("after_compaction")
+            return
+        messages = T.request_messages(self.facts, self.watermark)
+        request = ModelRequest(
+            system=self.loadout.system_prompt,
+            messages=messages,
+            tools=self.tools.specs,
+            max_output_tokens=self.loadout.max_output_tokens,
+            attempt=self.lease.failures + 1,
+        )
+        generation = T.generation_id(owed.context_head_seq)
+        try:
+            completed = await self.stream(request, generation)
+        except ContextOverflow:
+            self.overflows_in_a_row += 1
+            if self.overflows_in_a_row > 1:
+                raise ProviderError(
+                    "the context still overflows the model's window after compaction",
+                    retryable=False,
+                ) from None
+            await self.services.compaction.before_request(self, self.facts, overflowed=True)
+            return
+        self.overflows_in_a_row = 0
+        final = not completed.tool_calls
+        data: dict[str, Any] = {
+            "generationId": generation,
+            "content": list(completed.content),
+            "toolCalls": [dict(c) for c in completed.tool_calls],
+            "usage": completed.usage.to_dict(),
+            "model": completed.model,
+            "stopReason": completed.stop_reason,
+        }
+        if final:
+            data["inputSeqs"] = list(owed.input_seqs)
+        await self.commit("assistant", data)
+        # The final answer's boundary is in the runtime, between it and Finish.
+        self.boundary("after_final_answer" if final else "after_assistant_commit")
+
+    async def stream(self, request: ModelRequest, generation: str) -> Completed:
+        hub = self.services.hub
+        completed: Completed | None = None
+        first = True
+        async for event in self.provider.stream(request):
+            if isinstance(event, TextDelta):
+                hub.publish(self.session_id, Partial(generation, "text", event.text))
+            elif isinstance(event, ThinkingDelta):
+                hub.publish(self.session_id, Partial(generation, "thinking", event.text))
+            elif isinstance(event, ToolCallDelta):
+                hub.publish(
+                    self.session_id, Partial(generation, "tool_call", event.arguments_fragment)
+                )
+            elif isinstance(event, Completed):
+                completed = event
+            if first:
+                first = False
+                faults.hit("mid_stream")
+        if completed is None:
+            raise ProviderError("the model stream ended without an answer", retryable=True)
+        return completed
+
+    async def run_tools(self, calls: Sequence[T.OpenCall]) -> None:
+        """Executes every open call (at-least-once) and commits one result each."""
+        for index, call in enumerate(calls):
+            tool_call = ToolCall(call.tool_call_id, call.name, call.arguments)
+            outcome = await self.tools.run(tool_call)
+            # Executed, result not yet committed: a crash here is the
+            # at-least-once case (the successor runs the tool again).
+            faults.hit("mid_tool")
+            await self.commit(
+                "tool_result",
+                {
+                    "toolCallId": call.tool_call_id,
+                    "content": outcome.content,
+                    "isError": outcome.is_error,
+                    "idempotencyKey": tool_call.idempotency_key,
+                },
+            )
+            if index < len(calls) - 1:
+                self.boundary("after_some_tool_results")
+            else:
+                self.boundary("after_tool_results")
+
+    async def settle_cancelled(self, owed: T.Owed) -> None:
+        """A client cancelled: close open calls, consume what the cancel covers."""
+        for call in owed.open_calls:
+            await self.commit(
+                "tool_result",
+                {"toolCallId": call.tool_call_id, "content": "cancelled", "isError": True},
+            )
+        await self.commit(
+            "assistant",
+            {
+                "generationId": T.cancel_generation_id(owed.latest_cancel_seq),
+                "content": [],
+                "toolCalls": [],
+                "inputSeqs": list(owed.cancelled_input_seqs),
+                "stopReason": T.CANCELLED_STOP,
+            },
+        )
+
+
+async def renew_until_lost(
+    kernel: KernelClient, lease: Lease, runtime_id: str, lease_ms: int, on_lost: Callable[[], None]
+) -> None:
+    """Renews on its own task so model or tool work can never starve it."""
+    interval = max(lease_ms / 3000.0, 0.05)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await kernel.renew(lease.session_id, lease.epoch, runtime_id)
+        except (LeaseLost, KernelStaleEpoch):
+            log.warning("lease of %s lost", lease.session_id)
+            on_lost()
+            return
+        except Exception:  # the kernel is briefly unreachable: try again
+            log.exception("lease renewal failed; retrying")
+
+
+AttemptFactory = Callable[[Lease], Awaitable[Attempt]]

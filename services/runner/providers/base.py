@@ -1,0 +1,136 @@
+"""What the runner asks of a model provider, and what it gets back.
+
+A request carries the messages a model is shown after the system prompt, in
+the transcript's own shape (the same dicts the compaction policy reads):
+
+    {"role": "user", "content": str | [blocks]}
+    {"role": "assistant", "content": [text | thinking | toolCall blocks], "usage"?, "stopReason"?}
+    {"role": "toolResult", "toolCallId": str, "toolName": str, "content": str | [blocks],
+     "isError": bool}
+
+Blocks: {"type": "text", "text"}, {"type": "thinking", "thinking"},
+{"type": "toolCall", "id", "name", "arguments": {...}}, {"type": "image", "data", "mimeType"}.
+
+A provider streams `TextDelta` / `ThinkingDelta` / `ToolCallDelta` events
+(token-level partials, never facts) and ends with exactly one `Completed`,
+or raises a `ProviderError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeAlias
+
+Purpose: TypeAlias = Literal["turn", "summary"]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    # JSON schema of the arguments object.
+    parameters: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    system: str
+    messages: tuple[Mapping[str, Any], ...]
+    tools: tuple[ToolSpec, ...] = ()
+    max_output_tokens: int = 4096
+    # "turn": answer the conversation; "summary": write a compaction summary.
+    purpose: Purpose = "turn"
+    # 1 for the first attempt at this context, 2 for the first retry, ...
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ThinkingDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A fragment of a tool call being streamed (arguments arrive in pieces)."""
+
+    index: int
+    id: str
+    name: str
+    arguments_fragment: str
+
+
+@dataclass(frozen=True)
+class Usage:
+    input: int = 0
+    output: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.input + self.output + self.cache_read + self.cache_write
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "input": self.input,
+            "output": self.output,
+            "cacheRead": self.cache_read,
+            "cacheWrite": self.cache_write,
+            "totalTokens": self.total,
+        }
+
+
+@dataclass(frozen=True)
+class Completed:
+    """The whole answer: what the runner commits as an `assistant` fact."""
+
+    # Text and thinking blocks, in order (tool calls are in tool_calls).
+    content: tuple[Mapping[str, Any], ...]
+    # Each {"id", "name", "arguments": {...}}.
+    tool_calls: tuple[Mapping[str, Any], ...]
+    usage: Usage
+    # "stop", "toolUse", "length", ...
+    stop_reason: str
+    model: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+StreamEvent: TypeAlias = TextDelta | ThinkingDelta | ToolCallDelta | Completed
+
+
+class ProviderError(Exception):
+    """A model call failed. `retryable` tells a transient fault from a terminal one."""
+
+    def __init__(self, message: str, *, retryable: bool = False, status: int = 0) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
+
+
+class ContextOverflow(ProviderError):
+    """The request did not fit the model's context window."""
+
+
+class Provider(Protocol):
+    """A model provider. Implementations: scripted (offline), openai, anthropic."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def context_window(self) -> int | None:
+        """The model's declared window (wins over the tenant default), if known."""
+        ...
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,304 @@
+"""The claim loop: a runner process working on the sessions it claims.
+
+Recovery is not a mode here. A lease that comes back `reclaimed` is handled
+exactly like a fresh one: the attempt rebuilds from the ledger and does what
+is missing. Losing the lease (renewal refused, or a write fenced) stops the
+attempt at once and drops its partials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kernel import KernelClient, Lease
+from services.common.config import Settings
+from services.ledger import LedgerClient
+from services.runner import faults
+from services.runner.attempt import (
+    Attempt,
+    AttemptServices,
+    CompactionHook,
+    Fenced,
+    HandoffStop,
+    Loadout,
+    NoCompaction,
+    renew_until_lost,
+)
+from services.runner.config import RunnerConfig
+from services.runner.hub import PartialHub
+from services.runner.providers import Provider, ProviderError, provider_from_loadout
+from services.runner.tools import CounterStore, Tool, ToolRegistry, builtin_tools
+
+log = logging.getLogger("keel.runner")
+
+DRAIN_NONE, DRAIN_HANDOFF, DRAIN_SHUTDOWN = "none", "handoff", "shutdown"
+
+
+class Runtime:
+    def __init__(
+        self,
+        config: RunnerConfig,
+        settings: Settings,
+        address: str = "",
+        compaction: CompactionHook | None = None,
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.runtime_id = config.resolved_runtime_id()
+        self.address = address
+        self.ledger = LedgerClient(config.ledger_target, settings)
+        self.kernel = KernelClient(config.kernel_target, settings)
+        self.hub = PartialHub()
+        self.compaction: CompactionHook = compaction or NoCompaction()
+        self.drain_mode = DRAIN_NONE
+        self.in_flight: dict[str, asyncio.Task[None]] = {}
+        self._slots = asyncio.Semaphore(config.concurrency)
+        self._providers: dict[str, Provider] = {}
+        self._tools: Mapping[str, Tool] = builtin_tools(
+            CounterStore(Path(settings.data_dir) / "counter.sqlite3")
+        )
+        self._claim_task: asyncio.Task[None] | None = None
+        self._attachment: Any = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def claiming(self) -> bool:
+        return self.drain_mode == DRAIN_NONE and self._claim_task is not None
+
+    # -- life cycle --
+
+    async def start(self) -> Runtime:
+        await self.kernel.register_runtime(
+            self.runtime_id,
+            self.address,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version="0.1.0",
+            role="runner",
+        )
+        self._attachment = self.kernel.attach(self.runtime_id)
+        await self._attachment.wait_connected()
+        self._claim_task = asyncio.create_task(self._claim_loop(), name="claim-loop")
+        return self
+
+    async def stop(self) -> None:
+        """Stops claiming and abandons in-flight attempts (their leases expire)."""
+        await self._stop_claiming()
+        for task in list(self.in_flight.values()):
+            task.cancel()
+        await asyncio.gather(*self.in_flight.values(), return_exceptions=True)
+        self.hub.close_all()
+        if self._attachment is not None:
+            await self._attachment.close()
+        for provider in self._providers.values():
+            await provider.aclose()
+        await self.ledger.close()
+        await self.kernel.close()
+
+    async def _stop_claiming(self) -> None:
+        if self._claim_task is not None:
+            self._claim_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._claim_task
+
+    async def drain(self, mode: str, deadline_ms: int) -> int:
+        """Stops claiming at once; `handoff` settles in-flight attempts at a
+        commit boundary and releases them, `shutdown` abandons them."""
+        if mode not in (DRAIN_HANDOFF, DRAIN_SHUTDOWN):
+            raise ValueError(mode)
+        in_flight = len(self.in_flight)
+        self.drain_mode = mode
+        with contextlib.suppress(Exception):
+            await self.kernel.set_drain(self.runtime_id, mode)
+        await self._stop_claiming()
+        if mode == DRAIN_HANDOFF:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), deadline_ms / 1000)
+        for task in list(self.in_flight.values()):
+            task.cancel()
+        await asyncio.gather(*self.in_flight.values(), return_exceptions=True)
+        return in_flight
+
+    # -- claiming --
+
+    async def _claim_loop(self) -> None:
+        while True:
+            await self._slots.acquire()
+            try:
+                lease = await self.kernel.claim(self.runtime_id, wait_ms=self.config.claim_wait_ms)
+            except asyncio.CancelledError:
+                self._slots.release()
+                raise
+            except Exception:
+                self._slots.release()
+                log.exception("claim failed; retrying")
+                await asyncio.sleep(0.5)
+                continue
+            if lease is None:
+                self._slots.release()
+                continue
+            self._idle.clear()
+            task = asyncio.create_task(self._run(lease), name=f"attempt-{lease.session_id}")
+            self.in_flight[lease.session_id] = task
+
+    async def _run(self, lease: Lease) -> None:
+        try:
+            await self._attempt(lease)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            # Could not even start (e.g. the loadout is unreadable): settle as
+            # a failed attempt so the kernel backs off instead of the session
+            # waiting for the lease to expire.
+            log.exception("attempt on %s could not start", lease.session_id)
+            with contextlib.suppress(Exception):
+                await self.kernel.finish(
+                    lease.session_id,
+                    lease.epoch,
+                    self.runtime_id,
+                    read_through=0,
+                    failed=True,
+                    error=f"attempt could not start: {error}",
+                )
+        finally:
+            self.hub.release(lease.session_id)
+            self.in_flight.pop(lease.session_id, None)
+            self._slots.release()
+            if not self.in_flight:
+                self._idle.set()
+
+    def _provider(self, model: Mapping[str, Any]) -> Provider:
+        key = json.dumps(model, sort_keys=True)
+        provider = self._providers.get(key)
+        if provider is None:
+            provider = provider_from_loadout(model)
+            self._providers[key] = provider
+        return provider
+
+    async def _attempt(self, lease: Lease) -> None:
+        services = AttemptServices(
+            runtime_id=self.runtime_id,
+            ledger=self.ledger,
+            kernel=self.kernel,
+            hub=self.hub,
+            compaction=self.compaction,
+            handoff_requested=lambda: self.drain_mode == DRAIN_HANDOFF,
+            lease_ms=self.settings.lease_ms,
+        )
+        document = await self.kernel.get_loadout(lease.tenant_id)
+        loadout = Loadout.from_document(document.revision, document.document)
+        tools = ToolRegistry.for_loadout(
+            loadout.tool_names, self._tools, self.config.tool_timeout_s
+        )
+        attempt = Attempt(services, lease, loadout, self._provider(loadout.model), tools)
+        work = asyncio.current_task()
+        assert work is not None
+        lost = False
+
+        def on_lost() -> None:
+            nonlocal lost
+            lost = True
+            work.cancel()
+
+        renewal = asyncio.create_task(
+            renew_until_lost(self.kernel, lease, self.runtime_id, self.settings.lease_ms, on_lost)
+        )
+        attempt.status("running")
+        try:
+            await drive(attempt)
+        except asyncio.CancelledError:
+            if lost:
+                return  # a successor owns it; our partials die with us
+            raise  # shutdown: abandoned, the lease expires
+        except Fenced:
+            log.info("attempt on %s fenced off by a newer epoch", lease.session_id)
+            return
+        except HandoffStop as stop:
+            log.info("handoff: %s stops at %s", lease.session_id, stop)
+            await self._hand_back(lease)
+            return
+        except ProviderError as error:
+            await self._failed(attempt, str(error), error.retryable)
+            return
+        except Exception as error:  # a bug must not strand the session
+            log.exception("attempt on %s failed", lease.session_id)
+            await self._failed(attempt, f"internal error: {error}", True)
+            return
+        finally:
+            renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewal
+        faults.hit("after_final_before_finish")
+        await self.kernel.finish(
+            lease.session_id, lease.epoch, self.runtime_id, read_through=attempt.watermark
+        )
+
+    async def _hand_back(self, lease: Lease) -> None:
+        await self.kernel.release(lease.session_id, lease.epoch, self.runtime_id)
+        await self.kernel.record_handoff(
+            self.runtime_id,
+            "",
+            in_flight=len(self.in_flight),
+            session_id=lease.session_id,
+            epoch=lease.epoch,
+        )
+
+    async def _failed(self, attempt: Attempt, error: str, retryable: bool) -> None:
+        lease = attempt.lease
+        with contextlib.suppress(Fenced):
+            await attempt.commit(
+                "attempt_failed",
+                {"error": error, "retryable": retryable, "attempt": lease.failures + 1},
+            )
+        result = await self.kernel.finish(
+            lease.session_id,
+            lease.epoch,
+            self.runtime_id,
+            read_through=attempt.watermark,
+            failed=True,
+            error=error,
+        )
+        if result.parked:
+            with contextlib.suppress(Fenced):
+                await attempt.commit(
+                    "session_parked",
+                    {"reason": f"gave up after {lease.failures + 1} failed attempts: {error}"},
+                )
+
+
+async def drive(attempt: Attempt) -> None:
+    """Runs the attempt's turns, interrupting the current step on a cancel."""
+    await attempt.start()
+    while True:
+        seen_cancel = max((f.seq for f in attempt.facts if f.kind == "cancelled"), default=0)
+        work = asyncio.create_task(attempt.run_turns())
+        watch = asyncio.create_task(_cancel_arrives(attempt, seen_cancel))
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if work in done:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            work.result()
+            return
+        # A client cancelled: stop the current generation or tool batch, then
+        # let the turn loop settle what the cancel covers.
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        await attempt.refresh()
+
+
+async def _cancel_arrives(attempt: Attempt, seen_cancel: int) -> None:
+    after = attempt.facts[-1].seq if attempt.facts else 0
+    async for fact in attempt.services.ledger.subscribe(attempt.session_id, after):
+        if fact.kind == "cancelled" and fact.seq > seen_cancel:
+            return

@@ -1,0 +1,86 @@
+"""The runner's gRPC face: partials for the edge, drain and status for operators."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from keel.runner.v1 import runner_pb2 as pb
+from keel.runner.v1 import runner_pb2_grpc as pb_grpc
+from services.common.errors import stream_errors, unary_errors
+from services.common.serving import GrpcService
+from services.runner.errors import InvalidDrain, SessionNotOwned
+from services.runner.hub import Partial, StatusChange
+from services.runner.runtime import DRAIN_HANDOFF, DRAIN_NONE, DRAIN_SHUTDOWN, Runtime
+
+_STATES = {
+    "idle": pb.SESSION_STATE_IDLE,
+    "running": pb.SESSION_STATE_RUNNING,
+    "compacting": pb.SESSION_STATE_COMPACTING,
+}
+_DRAIN_TO_PB = {
+    DRAIN_NONE: pb.DRAIN_MODE_NONE,
+    DRAIN_HANDOFF: pb.DRAIN_MODE_HANDOFF,
+    DRAIN_SHUTDOWN: pb.DRAIN_MODE_SHUTDOWN,
+}
+_DRAIN_FROM_PB = {v: k for k, v in _DRAIN_TO_PB.items() if k != DRAIN_NONE}
+
+
+class RunnerServicer(pb_grpc.RunnerServiceServicer):
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    @stream_errors
+    async def WatchSession(
+        self, request: pb.WatchSessionRequest, context: Any
+    ) -> AsyncIterator[pb.WatchSessionResponse]:
+        hub = self._runtime.hub
+        if not hub.owns(request.session_id):
+            raise SessionNotOwned(
+                f"runtime {self._runtime.runtime_id} does not own {request.session_id!r}"
+            )
+        async for event in hub.watch(request.session_id):
+            if isinstance(event, Partial):
+                yield pb.WatchSessionResponse(
+                    delta=pb.Delta(
+                        generation_id=event.generation_id, channel=event.channel, text=event.text
+                    )
+                )
+            elif isinstance(event, StatusChange):
+                yield pb.WatchSessionResponse(
+                    status=pb.Status(state=_STATES[event.state], epoch=event.epoch)
+                )
+
+    @unary_errors
+    async def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainResponse:
+        mode = _DRAIN_FROM_PB.get(request.mode)
+        if mode is None:
+            raise InvalidDrain("mode must be DRAIN_MODE_HANDOFF or DRAIN_MODE_SHUTDOWN")
+        if request.deadline_ms < 0:
+            raise InvalidDrain(f"deadline_ms must be >= 0, got {request.deadline_ms}")
+        in_flight = await self._runtime.drain(mode, request.deadline_ms or 30_000)
+        return pb.DrainResponse(in_flight_runs=in_flight)
+
+    @unary_errors
+    async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
+        runtime = self._runtime
+        return pb.StatusResponse(
+            runtime_id=runtime.runtime_id,
+            drain_mode=_DRAIN_TO_PB[runtime.drain_mode],
+            claiming=runtime.claiming,
+            in_flight_runs=len(runtime.in_flight),
+            session_ids=sorted(runtime.in_flight),
+        )
+
+
+def runner_service(runtime: Runtime) -> GrpcService:
+    servicer = RunnerServicer(runtime)
+
+    async def on_drain() -> None:
+        runtime.hub.close_all()
+
+    return GrpcService(
+        name=pb.DESCRIPTOR.services_by_name["RunnerService"].full_name,
+        add_to_server=lambda server: pb_grpc.add_RunnerServiceServicer_to_server(servicer, server),
+        on_drain=on_drain,
+    )

@@ -1,0 +1,198 @@
+"""Tools an agent can call: a registry per loadout and the built-ins.
+
+Tools are at-least-once: a call committed without a result is executed again
+by the successor of a crashed attempt. Each call therefore gets an
+idempotency key, stable across attempts (derived from the tool call id), and
+an effectful tool must use it. `counter` shows how: its effect happens once
+per key, while it records how many times it really ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.runner.providers.base import ToolSpec
+
+DEFAULT_TOOL_TIMEOUT_S = 30.0
+MAX_SLEEP_S = 600.0
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    tool_call_id: str
+    name: str
+    arguments: Mapping[str, Any]
+
+    @property
+    def idempotency_key(self) -> str:
+        # Stable across attempts and processes: a function of the call id only.
+        return "idem-" + hashlib.sha256(self.tool_call_id.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    content: str
+    is_error: bool = False
+
+
+ToolFunction = Callable[[ToolCall], Awaitable[ToolOutcome]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    spec: ToolSpec
+    run: ToolFunction
+
+
+class CounterStore:
+    """The effect behind `counter`: a small SQLite file shared by all runners.
+
+    `effects` counts each key once per idempotency key (the effect);
+    `executions` counts every time the tool really ran (at-least-once shows).
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._path = path
+        self._lock = threading.Lock()
+        with self._connect() as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS counter_effects ("
+                " idem_key TEXT PRIMARY KEY, key TEXT NOT NULL, value INTEGER NOT NULL,"
+                " executions INTEGER NOT NULL)"
+            )
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, value INTEGER NOT NULL)"
+            )
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._path, timeout=30, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        return conn
+
+    def apply(self, key: str, idem_key: str) -> int:
+        with self._lock, self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            row = conn.execute(
+                "SELECT value FROM counter_effects WHERE idem_key = ?", (idem_key,)
+            ).fetchone()
+            if row is not None:
+                conn.execute(
+                    "UPDATE counter_effects SET executions = executions + 1 WHERE idem_key = ?",
+                    (idem_key,),
+                )
+                conn.execute("COMMIT")
+                return int(row[0])
+            conn.execute(
+                "INSERT INTO counters (key, value) VALUES (?, 1) "
+                "ON CONFLICT(key) DO UPDATE SET value = value + 1",
+                (key,),
+            )
+            value = int(
+                conn.execute("SELECT value FROM counters WHERE key = ?", (key,)).fetchone()[0]
+            )
+            conn.execute(
+                "INSERT INTO counter_effects (idem_key, key, value, executions) "
+                "VALUES (?, ?, ?, 1)",
+                (idem_key, key, value),
+            )
+            conn.execute("COMMIT")
+            return value
+
+    def value(self, key: str) -> int:
+        with self._connect() as conn:
+            row = conn.execute("SELECT value FROM counters WHERE key = ?", (key,)).fetchone()
+            return int(row[0]) if row else 0
+
+    def executions(self, key: str) -> int:
+        with self._connect() as conn:
+            row = conn.execute(
+                "SELECT COALESCE(SUM(executions), 0) FROM counter_effects WHERE key = ?", (key,)
+            ).fetchone()
+            return int(row[0])
+
+
+def _object(properties: Mapping[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
+    return {"type": "object", "properties": dict(properties), "required": list(required)}
+
+
+async def _clock(call: ToolCall) -> ToolOutcome:
+    return ToolOutcome(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+async def _sleep(call: ToolCall) -> ToolOutcome:
+    seconds = call.arguments.get("seconds", 1)
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
+        return ToolOutcome("sleep needs a non-negative number of seconds", is_error=True)
+    await asyncio.sleep(min(float(seconds), MAX_SLEEP_S))
+    return ToolOutcome(f"slept {seconds} s")
+
+
+def builtin_tools(counter_store: CounterStore) -> dict[str, Tool]:
+    async def counter(call: ToolCall) -> ToolOutcome:
+        key = call.arguments.get("key", "default")
+        if not isinstance(key, str) or not key:
+            return ToolOutcome("counter needs a string key", is_error=True)
+        value = await asyncio.to_thread(counter_store.apply, key, call.idempotency_key)
+        return ToolOutcome(json.dumps({"key": key, "value": value}))
+
+    return {
+        "clock": Tool(ToolSpec("clock", "The current UTC time.", _object({})), _clock),
+        "sleep": Tool(
+            ToolSpec(
+                "sleep",
+                "Wait for a number of seconds.",
+                _object({"seconds": {"type": "number"}}, ["seconds"]),
+            ),
+            _sleep,
+        ),
+        "counter": Tool(
+            ToolSpec(
+                "counter",
+                "Increment a named counter once per call; returns the new value.",
+                _object({"key": {"type": "string"}}, ["key"]),
+            ),
+            counter,
+        ),
+    }
+
+
+class ToolRegistry:
+    """The tools one loadout enables, with a hard timeout on every call."""
+
+    def __init__(self, tools: Mapping[str, Tool], timeout_s: float = DEFAULT_TOOL_TIMEOUT_S):
+        self._tools = dict(tools)
+        self._timeout_s = timeout_s
+
+    @classmethod
+    def for_loadout(
+        cls, names: Sequence[str], available: Mapping[str, Tool], timeout_s: float
+    ) -> ToolRegistry:
+        return cls({n: available[n] for n in names if n in available}, timeout_s)
+
+    @property
+    def specs(self) -> tuple[ToolSpec, ...]:
+        return tuple(tool.spec for tool in self._tools.values())
+
+    async def run(self, call: ToolCall) -> ToolOutcome:
+        """Runs one call; every failure becomes an error result, never a crash."""
+        tool = self._tools.get(call.name)
+        if tool is None:
+            return ToolOutcome(f"unknown tool {call.name!r}", is_error=True)
+        try:
+            return await asyncio.wait_for(tool.run(call), self._timeout_s)
+        except TimeoutError:
+            return ToolOutcome(f"{call.name} timed out after {self._timeout_s:g} s", is_error=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a tool's bug is the agent's information, not our crash
+            return ToolOutcome(f"{call.name} failed: {exc}", is_error=True)

@@ -1,0 +1,122 @@
+"""A real Keel cluster for runner tests.
+
+The ledger and kernel run in the test's process (real gRPC servers on
+loopback); runners are real OS processes that tests SIGKILL, SIGSTOP or drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from kernel import KernelClient, KernelConfig, KernelServer
+from services.common.config import Settings
+from services.ledger import CommittedFact, LedgerClient, LedgerServer
+from services.ledger.domain import SessionView
+from tests.conftest import settings_env
+from tests.processes import ChildProcess
+
+T = TypeVar("T")
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], what: str, deadline_s: float = 60.0
+) -> T:
+    """Polls `probe` until it returns a value (not None), failing at the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        value = await probe()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@dataclass
+class Cluster:
+    settings: Settings
+    ledger_server: LedgerServer
+    kernel_server: KernelServer
+    ledger: LedgerClient
+    kernel: KernelClient
+    runners: list[ChildProcess] = field(default_factory=list)
+
+    def start_runner(self, **env: str) -> ChildProcess:
+        child_env = settings_env(self.settings)
+        child_env.update(env)
+        runner = ChildProcess.python(
+            "-m",
+            "services.runner",
+            "--ledger",
+            self.ledger_server.target,
+            "--kernel",
+            self.kernel_server.target,
+            env=child_env,
+        )
+        self.runners.append(runner)
+        return runner
+
+    async def runner_ready(self, runner: ChildProcess) -> str:
+        """The runner's gRPC address, once it serves and claims."""
+        line = await runner.line(
+            lambda text: text.startswith("runner ") and " listening on " in text
+        )
+        return line.rsplit(" ", 1)[1]
+
+    async def new_session(self, session_id: str, tenant: str = "default") -> None:
+        await self.ledger.create_session(session_id, tenant)
+
+    async def send(self, session_id: str, text: str, request_id: str) -> int:
+        appended = await self.ledger.append_one(
+            session_id, "input", {"text": text, "requestId": request_id}
+        )
+        await self.kernel.enqueue(session_id, "default", input_seq=appended.seq)
+        return appended.seq
+
+    async def settled(self, session_id: str, deadline_s: float = 60.0) -> SessionView:
+        """Waits until the session owes nothing (every input answered, no open call)."""
+
+        async def probe() -> SessionView | None:
+            view = await self.ledger.get_session(session_id)
+            if view.owed_input_seqs or view.open_tool_calls:
+                return None
+            lease = await self.kernel.get_lease(session_id)
+            return view if lease.lease is None and not lease.queued else None
+
+        return await eventually(probe, f"{session_id} to settle", deadline_s)
+
+    async def facts(self, session_id: str) -> list[CommittedFact]:
+        return await self.ledger.read_all(session_id)
+
+    def kill_all(self) -> None:
+        for runner in self.runners:
+            runner.kill()
+
+
+async def start_cluster(settings: Settings, **kernel_config: int) -> Cluster:
+    ledger_server = await LedgerServer(settings).start()
+    config = KernelConfig(**kernel_config) if kernel_config else KernelConfig()
+    kernel_server = await KernelServer(
+        settings, ledger_target=ledger_server.target, config=config
+    ).start()
+    cluster = Cluster(
+        settings=settings,
+        ledger_server=ledger_server,
+        kernel_server=kernel_server,
+        ledger=LedgerClient(ledger_server.target),
+        kernel=KernelClient(kernel_server.target),
+    )
+    await cluster.kernel.create_tenant("default", "Default tenant")
+    return cluster
+
+
+async def stop_cluster(cluster: Cluster) -> None:
+    cluster.kill_all()
+    await cluster.ledger.close()
+    await cluster.kernel.close()
+    await cluster.kernel_server.stop()
+    await cluster.ledger_server.stop(grace=0.5)

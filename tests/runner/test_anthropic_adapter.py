@@ -1,0 +1,406 @@
+"""The Anthropic adapter against a real local messages-API server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import pytest
+
+from compaction.policy import message_from_dict
+from services.runner.providers import (
+    AnthropicMessages,
+    Completed,
+    ContextOverflow,
+    ModelRequest,
+    ProviderError,
+    StreamEvent,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+    provider_from_loadout,
+)
+from tests.runner.wire_servers import WireServer, error_reply, event_frame, sse_reply
+
+MODEL = "claude-test"
+CLOCK = ToolSpec("clock", "Current time.", {"type": "object", "properties": {"tz": {}}})
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def message_start(input_tokens: int = 25, cache_read: int = 0, cache_write: int = 0) -> str:
+    usage = {
+        "input_tokens": input_tokens,
+        "output_tokens": 1,
+        "cache_read_input_tokens": cache_read,
+        "cache_creation_input_tokens": cache_write,
+    }
+    message: dict[str, Any] = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "content": [],
+        "model": "claude-test-20250101",
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage,
+    }
+    return event_frame("message_start", {"type": "message_start", "message": message})
+
+
+def block_start(index: int, block: dict[str, Any]) -> str:
+    payload = {"type": "content_block_start", "index": index, "content_block": block}
+    return event_frame("content_block_start", payload)
+
+
+def block_delta(index: int, delta: dict[str, Any]) -> str:
+    payload = {"type": "content_block_delta", "index": index, "delta": delta}
+    return event_frame("content_block_delta", payload)
+
+
+def block_stop(index: int) -> str:
+    return event_frame("content_block_stop", {"type": "content_block_stop", "index": index})
+
+
+def message_end(stop_reason: str, output_tokens: int) -> list[str]:
+    delta = {
+        "type": "message_delta",
+        "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+        "usage": {"output_tokens": output_tokens},
+    }
+    return [
+        event_frame("message_delta", delta),
+        event_frame("message_stop", {"type": "message_stop"}),
+    ]
+
+
+def text_answer(*pieces: str, stop_reason: str = "end_turn") -> list[str]:
+    deltas = [block_delta(0, {"type": "text_delta", "text": piece}) for piece in pieces]
+    return [
+        message_start(),
+        block_start(0, {"type": "text", "text": ""}),
+        *deltas,
+        block_stop(0),
+        *message_end(stop_reason, 5),
+    ]
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[WireServer]:
+    async with WireServer("/v1/messages") as wire:
+        yield wire
+
+
+@pytest.fixture
+async def provider(server: WireServer) -> AsyncIterator[AnthropicMessages]:
+    adapter = AnthropicMessages(model=MODEL, api_key="test-key", base_url=server.url)
+    yield adapter
+    await adapter.aclose()
+
+
+async def collect(
+    provider: AnthropicMessages, request: ModelRequest
+) -> tuple[list[StreamEvent], Completed]:
+    events = [event async for event in provider.stream(request)]
+    last = events[-1]
+    assert isinstance(last, Completed)
+    return events[:-1], last
+
+
+def sent_key(headers: dict[str, str]) -> str | None:
+    """The API key a request carried (SDK versions differ on the header)."""
+    if "x-api-key" in headers:
+        return headers["x-api-key"]
+    return headers.get("authorization", "").removeprefix("Bearer ") or None
+
+
+def hello(**overrides: Any) -> ModelRequest:
+    return ModelRequest(
+        system="Be brief.", messages=({"role": "user", "content": "Hi"},), **overrides
+    )
+
+
+async def test_streams_thinking_text_and_tool_use(
+    server: WireServer, provider: AnthropicMessages
+) -> None:
+    server.queue(
+        sse_reply(
+            [
+                message_start(25, cache_read=100, cache_write=10),
+                event_frame("ping", {"type": "ping"}),
+                block_start(0, {"type": "thinking", "thinking": "", "signature": ""}),
+                block_delta(0, {"type": "thinking_delta", "thinking": "Need the "}),
+                block_delta(0, {"type": "thinking_delta", "thinking": "time."}),
+                block_delta(0, {"type": "signature_delta", "signature": "c2ln"}),
+                block_stop(0),
+                block_start(1, {"type": "text", "text": ""}),
+                block_delta(1, {"type": "text_delta", "text": "Let me "}),
+                block_delta(1, {"type": "text_delta", "text": "check."}),
+                block_stop(1),
+                block_start(2, {"type": "tool_use", "id": "toolu_1", "name": "clock", "input": {}}),
+                block_delta(2, {"type": "input_json_delta", "partial_json": ""}),
+                block_delta(2, {"type": "input_json_delta", "partial_json": '{"tz": '}),
+                block_delta(2, {"type": "input_json_delta", "partial_json": '"UTC"}'}),
+                block_stop(2),
+                block_start(3, {"type": "tool_use", "id": "toolu_2", "name": "clock", "input": {}}),
+                block_stop(3),
+                *message_end("tool_use", 42),
+            ]
+        )
+    )
+    events, completed = await collect(provider, hello(tools=(CLOCK,), max_output_tokens=512))
+
+    assert events == [
+        ThinkingDelta("Need the "),
+        ThinkingDelta("time."),
+        TextDelta("Let me "),
+        TextDelta("check."),
+        ToolCallDelta(0, "toolu_1", "clock", ""),
+        ToolCallDelta(0, "toolu_1", "clock", ""),
+        ToolCallDelta(0, "toolu_1", "clock", '{"tz": '),
+        ToolCallDelta(0, "toolu_1", "clock", '"UTC"}'),
+        ToolCallDelta(1, "toolu_2", "clock", ""),
+    ]
+    assert completed.content == (
+        {"type": "thinking", "thinking": "Need the time.", "signature": "c2ln"},
+        {"type": "text", "text": "Let me check."},
+    )
+    assert completed.tool_calls == (
+        {"id": "toolu_1", "name": "clock", "arguments": {"tz": "UTC"}},
+        {"id": "toolu_2", "name": "clock", "arguments": {}},
+    )
+    assert completed.stop_reason == "toolUse"
+    assert completed.usage == Usage(input=25, output=42, cache_read=100, cache_write=10)
+    assert completed.model == "claude-test-20250101"
+    assert completed.extra == {"messageId": "msg_1"}
+
+    (received,) = server.received
+    assert received.path == "/v1/messages"
+    assert sent_key(received.headers) == "test-key"
+    assert received.body == {
+        "model": MODEL,
+        "max_tokens": 512,
+        "stream": True,
+        "system": [{"type": "text", "text": "Be brief.", "cache_control": EPHEMERAL}],
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Hi", "cache_control": EPHEMERAL}],
+            }
+        ],
+        "tools": [
+            {
+                "name": "clock",
+                "description": "Current time.",
+                "input_schema": {"type": "object", "properties": {"tz": {}}},
+            }
+        ],
+    }
+
+
+async def test_transcript_is_converted(server: WireServer, provider: AnthropicMessages) -> None:
+    server.queue(sse_reply(text_answer("ok", stop_reason="max_tokens")))
+    image = {"type": "image", "data": "AAAA", "mimeType": "image/jpeg"}
+    messages = (
+        {"role": "user", "content": [{"type": "text", "text": "Look:"}, image]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "mine", "signature": "sig"},
+                {"type": "thinking", "thinking": "another model's"},
+                {"type": "thinking", "thinking": "", "redactedData": "opaque"},
+                {"type": "text", "text": ""},
+                {"type": "text", "text": "Checking."},
+                {"type": "toolCall", "id": "call|1", "name": "clock", "arguments": {}},
+                {"type": "toolCall", "id": "call_2", "name": "shot", "arguments": {"w": 2}},
+            ],
+        },
+        {
+            "role": "toolResult",
+            "toolCallId": "call|1",
+            "toolName": "clock",
+            "content": "no clock here",
+            "isError": True,
+        },
+        {"role": "toolResult", "toolCallId": "call_2", "toolName": "shot", "content": [image]},
+        {"role": "user", "content": "And now?"},
+    )
+    _, completed = await collect(provider, ModelRequest(system="", messages=messages))
+    assert completed.stop_reason == "length"
+
+    wire_image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/jpeg", "data": "AAAA"},
+    }
+    body = server.received[0].body
+    assert "system" not in body and "tools" not in body
+    assert body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Look:"}, wire_image]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "mine", "signature": "sig"},
+                {"type": "redacted_thinking", "data": "opaque"},
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "call_1", "name": "clock", "input": {}},
+                {"type": "tool_use", "id": "call_2", "name": "shot", "input": {"w": 2}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "call_1",
+                    "is_error": True,
+                    "content": [{"type": "text", "text": "no clock here"}],
+                },
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "call_2",
+                    "is_error": False,
+                    "content": [wire_image],
+                },
+                {"type": "text", "text": "And now?", "cache_control": EPHEMERAL},
+            ],
+        },
+    ]
+
+
+async def test_redacted_thinking_round_trips(
+    server: WireServer, provider: AnthropicMessages
+) -> None:
+    server.queue(
+        sse_reply(
+            [
+                message_start(),
+                block_start(0, {"type": "redacted_thinking", "data": "b3BhcXVl"}),
+                block_stop(0),
+                block_start(1, {"type": "text", "text": "Done."}),
+                block_stop(1),
+                *message_end("end_turn", 3),
+            ]
+        ),
+        sse_reply(text_answer("again")),
+    )
+    events, completed = await collect(provider, hello())
+    assert events == [TextDelta("Done.")]
+    assert completed.content == (
+        {"type": "thinking", "thinking": "", "redactedData": "b3BhcXVl"},
+        {"type": "text", "text": "Done."},
+    )
+    # The committed message is a valid transcript message, and goes back as it came.
+    assistant = {"role": "assistant", "content": list(completed.content)}
+    message_from_dict(assistant)
+    follow_up = (*hello().messages, assistant, {"role": "user", "content": "More"})
+    await collect(provider, ModelRequest(system="", messages=follow_up))
+    sent = server.received[1].body["messages"][1]["content"]
+    assert sent == [
+        {"type": "redacted_thinking", "data": "b3BhcXVl"},
+        {"type": "text", "text": "Done."},
+    ]
+
+
+def api_error(kind: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "overflow", "retryable"),
+    [
+        (429, api_error("rate_limit_error", "Number of requests exceeded"), False, True),
+        (529, api_error("overloaded_error", "Overloaded"), False, True),
+        (500, api_error("api_error", "Internal server error"), False, True),
+        (401, api_error("authentication_error", "invalid x-api-key"), False, False),
+        (
+            400,
+            api_error(
+                "invalid_request_error", "prompt is too long: 210000 tokens > 200000 maximum"
+            ),
+            True,
+            False,
+        ),
+    ],
+)
+async def test_http_errors_are_classified(
+    server: WireServer,
+    provider: AnthropicMessages,
+    status: int,
+    body: dict[str, Any],
+    overflow: bool,
+    retryable: bool,
+) -> None:
+    server.queue(error_reply(status, body))
+    with pytest.raises(ProviderError) as caught:
+        await collect(provider, hello())
+    assert isinstance(caught.value, ContextOverflow) is overflow
+    assert caught.value.retryable is retryable
+    assert caught.value.status == status
+    assert len(server.received) == 1  # the SDK did not retry on its own
+
+
+async def test_overload_inside_the_stream_is_retryable(
+    server: WireServer, provider: AnthropicMessages
+) -> None:
+    frames = text_answer("par")[:3]
+    server.queue(sse_reply([*frames, event_frame("error", api_error("overloaded_error", "Busy"))]))
+    with pytest.raises(ProviderError) as caught:
+        await collect(provider, hello())
+    assert caught.value.retryable
+    assert not isinstance(caught.value, ContextOverflow)
+
+
+async def test_a_cut_stream_is_not_an_answer(
+    server: WireServer, provider: AnthropicMessages
+) -> None:
+    server.queue(sse_reply(text_answer("half an ans")[:3]))
+    with pytest.raises(ProviderError) as caught:
+        await collect(provider, hello())
+    assert caught.value.retryable
+
+
+async def test_consumer_can_stop_mid_stream(
+    server: WireServer, provider: AnthropicMessages
+) -> None:
+    server.queue(sse_reply(text_answer(*(f"t{i} " for i in range(50))), frame_delay=0.01))
+    stream = provider.stream(hello())
+    assert isinstance(stream, AsyncGenerator)
+    assert await anext(stream) == TextDelta("t0 ")
+    await stream.aclose()
+
+
+async def test_loadout_builds_the_adapter(
+    server: WireServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KEEL_TEST_ANTHROPIC_KEY", "from-env")
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    adapter = provider_from_loadout(
+        {
+            "provider": "anthropic",
+            "name": MODEL,
+            "baseUrl": server.url,
+            "apiKeyEnv": "KEEL_TEST_ANTHROPIC_KEY",
+            "contextWindow": 200_000,
+            "maxOutputTokens": 2048,
+            "thinking": thinking,
+        }
+    )
+    try:
+        assert isinstance(adapter, AnthropicMessages)
+        assert (adapter.name, adapter.model, adapter.context_window) == (
+            "anthropic",
+            MODEL,
+            200_000,
+        )
+        server.queue(sse_reply(text_answer("ok")))
+        events = [event async for event in adapter.stream(hello(max_output_tokens=4096))]
+        assert isinstance(events[-1], Completed)
+    finally:
+        await adapter.aclose()
+    (received,) = server.received
+    assert sent_key(received.headers) == "from-env"
+    assert received.body["max_tokens"] == 2048
+    assert received.body["thinking"] == thinking
+    assert json.dumps(received.body)

@@ -1,0 +1,75 @@
+"""Drain: handoff settles at a commit boundary, shutdown abandons; the session goes on."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.runner.client import RunnerClient
+from tests.runner.cluster import Cluster, eventually
+from tests.runner.invariants import assert_recovered
+
+SLOW_TOOLS = '/tool sleep {"seconds": 1} | counter {"key": "%s"} | sleep {"seconds": 1}'
+
+
+async def wait_for_kind(cluster: Cluster, session: str, kind: str, count: int = 1) -> None:
+    async def probe() -> bool | None:
+        facts = await cluster.facts(session)
+        return True if sum(f.kind == kind for f in facts) >= count else None
+
+    await eventually(probe, f"{count} {kind} fact(s) in {session}")
+
+
+async def test_handoff_settles_at_a_commit_boundary_and_a_successor_continues(
+    cluster: Cluster,
+) -> None:
+    old = cluster.start_runner()
+    address = await cluster.runner_ready(old)
+    await cluster.new_session("handoff")
+    seq = await cluster.send("handoff", SLOW_TOOLS % "handoff", "r1")
+    await wait_for_kind(cluster, "handoff", "assistant")
+
+    async with RunnerClient(address) as runner:
+        in_flight = await runner.drain("handoff", deadline_ms=30_000)
+        status = await runner.status()
+    assert in_flight == 1
+    assert status.drain_mode == "handoff" and not status.claiming
+    assert status.in_flight_runs == 0
+
+    facts = await cluster.facts("handoff")
+    old_epoch = max(f.data["epoch"] for f in facts if f.kind == "epoch_started")
+    # Stopped at a boundary: the tool batch is not finished, nothing half-written.
+    assert sum(f.kind == "tool_result" for f in facts) < 3
+    lease = await cluster.kernel.get_lease("handoff")
+    assert lease.lease is None and lease.queued, "released, and claimable at once"
+
+    new = cluster.start_runner()
+    await cluster.runner_ready(new)
+    await cluster.settled("handoff")
+    facts = await cluster.facts("handoff")
+    assert_recovered(facts)
+    starts = [f.data["epoch"] for f in facts if f.kind == "epoch_started"]
+    assert starts[-1] == old_epoch + 1
+    finals = [f for f in facts if f.kind == "assistant" and f.data.get("inputSeqs")]
+    assert [f.data["inputSeqs"] for f in finals] == [[seq]]
+    handoffs = await cluster.kernel.list_handoffs()
+    assert any(h.session_id == "handoff" and h.epoch == old_epoch for h in handoffs)
+
+
+async def test_shutdown_drain_abandons_and_a_successor_continues(cluster: Cluster) -> None:
+    old = cluster.start_runner()
+    await cluster.runner_ready(old)
+    await cluster.new_session("shutdown")
+    seq = await cluster.send("shutdown", "/slow 3 an answer that takes a while", "r1")
+    await wait_for_kind(cluster, "shutdown", "epoch_started")
+
+    # SIGTERM: drain in shutdown mode, then exit (waited for off the event loop,
+    # which also serves the kernel the runner talks to while draining).
+    assert await asyncio.to_thread(old.terminate) == 0
+    new = cluster.start_runner()
+    await cluster.runner_ready(new)
+    await cluster.settled("shutdown")
+    facts = await cluster.facts("shutdown")
+    assert_recovered(facts)
+    finals = [f for f in facts if f.kind == "assistant" and f.data.get("inputSeqs")]
+    assert [f.data["inputSeqs"] for f in finals] == [[seq]]
+    assert len([f for f in facts if f.kind == "epoch_started"]) == 2

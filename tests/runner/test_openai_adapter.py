@@ -1,0 +1,372 @@
+"""The OpenAI-compatible adapter against a real local chat-completions server."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import pytest
+
+from services.runner.providers import (
+    Completed,
+    ContextOverflow,
+    ModelRequest,
+    OpenAICompatible,
+    ProviderError,
+    StreamEvent,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+    provider_from_loadout,
+)
+from tests.runner.wire_servers import WireServer, data_frame, error_reply, sse_reply
+
+MODEL = "gpt-test"
+CLOCK = ToolSpec("clock", "Current time.", {"type": "object", "properties": {}})
+
+
+def chunk(delta: dict[str, Any] | None = None, finish: str | None = None) -> str:
+    choice = {"index": 0, "delta": delta or {}, "finish_reason": finish}
+    body = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "gpt-test-2024",
+        "choices": [choice],
+    }
+    return data_frame(body)
+
+
+def usage_chunk(prompt: int, completion: int, cached: int = 0) -> str:
+    usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+    body = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "gpt-test-2024",
+        "choices": [],
+        "usage": usage,
+    }
+    return data_frame(body)
+
+
+def tool_delta(index: int, arguments: str, call_id: str = "", name: str = "") -> dict[str, Any]:
+    part: dict[str, Any] = {"index": index, "function": {"arguments": arguments}}
+    if call_id:
+        part.update(id=call_id, type="function")
+        part["function"]["name"] = name
+    return {"tool_calls": [part]}
+
+
+DONE = data_frame("[DONE]")
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[WireServer]:
+    async with WireServer("/v1/chat/completions") as wire:
+        yield wire
+
+
+@pytest.fixture
+async def provider(server: WireServer) -> AsyncIterator[OpenAICompatible]:
+    adapter = OpenAICompatible(model=MODEL, api_key="test-key", base_url=f"{server.url}/v1")
+    yield adapter
+    await adapter.aclose()
+
+
+async def collect(
+    provider: OpenAICompatible, request: ModelRequest
+) -> tuple[list[StreamEvent], Completed]:
+    events = [event async for event in provider.stream(request)]
+    last = events[-1]
+    assert isinstance(last, Completed)
+    assert not any(isinstance(event, Completed) for event in events[:-1])
+    return events[:-1], last
+
+
+def hello(**overrides: Any) -> ModelRequest:
+    return ModelRequest(
+        system="Be brief.", messages=({"role": "user", "content": "Hi"},), **overrides
+    )
+
+
+async def test_streams_text_with_usage(server: WireServer, provider: OpenAICompatible) -> None:
+    server.queue(
+        sse_reply(
+            [
+                chunk({"role": "assistant", "content": ""}),
+                chunk({"reasoning_content": "Greet back."}),
+                chunk({"content": "Hel"}),
+                chunk({"content": "lo!"}),
+                chunk(finish="stop"),
+                usage_chunk(120, 7, cached=100),
+                DONE,
+            ]
+        )
+    )
+    events, completed = await collect(provider, hello(max_output_tokens=256))
+
+    assert events == [ThinkingDelta("Greet back."), TextDelta("Hel"), TextDelta("lo!")]
+    assert completed.content == (
+        {"type": "thinking", "thinking": "Greet back."},
+        {"type": "text", "text": "Hello!"},
+    )
+    assert completed.tool_calls == ()
+    assert completed.stop_reason == "stop"
+    assert completed.usage == Usage(input=20, output=7, cache_read=100)
+    assert completed.model == "gpt-test-2024"
+    assert completed.extra == {"responseId": "chatcmpl-1"}
+
+    (received,) = server.received
+    assert received.headers["authorization"] == "Bearer test-key"
+    assert received.body == {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+        ],
+        "max_completion_tokens": 256,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def test_tool_calls_arrive_in_fragments(
+    server: WireServer, provider: OpenAICompatible
+) -> None:
+    server.queue(
+        sse_reply(
+            [
+                chunk({"role": "assistant", "content": None}),
+                chunk(tool_delta(0, "", "call_a", "clock")),
+                chunk(tool_delta(0, '{"tz":')),
+                chunk(tool_delta(1, '{"ke', "call_b", "counter")),
+                chunk(tool_delta(0, ' "UTC"}')),
+                chunk(tool_delta(1, 'y": "k"}')),
+                chunk(finish="tool_calls"),
+                usage_chunk(50, 30),
+                DONE,
+            ]
+        )
+    )
+    events, completed = await collect(provider, hello(tools=(CLOCK,)))
+
+    assert all(isinstance(event, ToolCallDelta) for event in events)
+    fragments: dict[int, str] = {}
+    for event in events:
+        assert isinstance(event, ToolCallDelta)
+        assert (event.id, event.name) == (("call_a", "clock"), ("call_b", "counter"))[event.index]
+        fragments[event.index] = fragments.get(event.index, "") + event.arguments_fragment
+    assert fragments == {0: '{"tz": "UTC"}', 1: '{"key": "k"}'}
+    assert completed.tool_calls == (
+        {"id": "call_a", "name": "clock", "arguments": {"tz": "UTC"}},
+        {"id": "call_b", "name": "counter", "arguments": {"key": "k"}},
+    )
+    assert completed.stop_reason == "toolUse"
+    assert completed.content == ()
+    assert server.received[0].body["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "clock",
+                "description": "Current time.",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
+    ]
+
+
+async def test_transcript_is_converted(server: WireServer, provider: OpenAICompatible) -> None:
+    server.queue(sse_reply([chunk({"content": "ok"}), chunk(finish="length"), DONE]))
+    image = {"type": "image", "data": "AAAA", "mimeType": "image/png"}
+    messages = (
+        {"role": "user", "content": [{"type": "text", "text": "Look:"}, image]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "hidden"},
+                {"type": "text", "text": "Checking."},
+                {"type": "toolCall", "id": "c1", "name": "clock", "arguments": {}},
+                {"type": "toolCall", "id": "c2", "name": "shot", "arguments": {"w": 2}},
+            ],
+        },
+        {"role": "toolResult", "toolCallId": "c1", "toolName": "clock", "content": "12:00"},
+        {
+            "role": "toolResult",
+            "toolCallId": "c2",
+            "toolName": "shot",
+            "content": [image],
+            "isError": False,
+        },
+        {"role": "user", "content": "And now?"},
+    )
+    _, completed = await collect(provider, ModelRequest(system="", messages=messages))
+    assert completed.stop_reason == "length"
+
+    data_url = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    assert server.received[0].body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Look:"}, data_url]},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "clock", "arguments": "{}"}},
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "shot", "arguments": '{"w": 2}'},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+        {"role": "tool", "tool_call_id": "c2", "content": "(see the images below)"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Images returned by shot:"}, data_url],
+        },
+        {"role": "user", "content": "And now?"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind", "retryable"),
+    [
+        (
+            429,
+            {"error": {"message": "Rate limit reached", "type": "requests"}},
+            ProviderError,
+            True,
+        ),
+        (500, {"error": {"message": "The server had an error"}}, ProviderError, True),
+        (503, {"error": {"message": "Overloaded"}}, ProviderError, True),
+        (401, {"error": {"message": "Incorrect API key", "code": "invalid_api_key"}}, None, False),
+        (
+            400,
+            {"error": {"message": "Too big.", "code": "context_length_exceeded"}},
+            ContextOverflow,
+            False,
+        ),
+        (
+            400,
+            {"error": {"message": "This model's maximum context length is 8192 tokens."}},
+            ContextOverflow,
+            False,
+        ),
+    ],
+)
+async def test_http_errors_are_classified(
+    server: WireServer,
+    provider: OpenAICompatible,
+    status: int,
+    body: dict[str, Any],
+    kind: type[ProviderError] | None,
+    retryable: bool,
+) -> None:
+    server.queue(error_reply(status, body))
+    with pytest.raises(ProviderError) as caught:
+        await collect(provider, hello())
+    if kind is ContextOverflow:
+        assert isinstance(caught.value, ContextOverflow)
+    else:
+        assert not isinstance(caught.value, ContextOverflow)
+    assert caught.value.retryable is retryable
+    assert caught.value.status == status
+    assert len(server.received) == 1  # the SDK did not retry on its own
+
+
+async def test_error_event_inside_the_stream_is_retryable(
+    server: WireServer, provider: OpenAICompatible
+) -> None:
+    server.queue(
+        sse_reply(
+            [chunk({"content": "par"}), data_frame({"error": {"message": "upstream hiccup"}})]
+        )
+    )
+    with pytest.raises(ProviderError) as caught:
+        await collect(provider, hello())
+    assert caught.value.retryable
+    assert "upstream hiccup" in str(caught.value)
+
+
+async def test_a_cut_stream_is_not_an_answer(
+    server: WireServer, provider: OpenAICompatible
+) -> None:
+    server.queue(sse_reply([chunk({"content": "half an ans"})]))
+    with pytest.raises(ProviderError) as caught:
+        await collect(provider, hello())
+    assert caught.value.retryable
+    assert not isinstance(caught.value, ContextOverflow)
+
+
+async def test_invalid_tool_arguments_are_reported(
+    server: WireServer, provider: OpenAICompatible
+) -> None:
+    server.queue(
+        sse_reply(
+            [chunk(tool_delta(0, '{"tz": ', "call_x", "clock")), chunk(finish="length"), DONE]
+        )
+    )
+    _, completed = await collect(provider, hello())
+    assert completed.tool_calls == ({"id": "call_x", "name": "clock", "arguments": {}},)
+    assert completed.extra["invalidToolArguments"] == {"call_x": '{"tz": '}
+    assert completed.stop_reason == "length"
+
+
+async def test_consumer_can_stop_mid_stream(server: WireServer, provider: OpenAICompatible) -> None:
+    frames = [chunk({"content": f"t{i} "}) for i in range(50)]
+    server.queue(sse_reply([*frames, chunk(finish="stop"), DONE], frame_delay=0.01))
+    stream = provider.stream(hello())
+    assert isinstance(stream, AsyncGenerator)
+    first = await anext(stream)
+    assert first == TextDelta("t0 ")
+    await stream.aclose()  # releases the HTTP response (filterwarnings=error checks leaks)
+
+
+async def test_unreachable_server_is_retryable() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    adapter = OpenAICompatible(model=MODEL, api_key="k", base_url=f"http://127.0.0.1:{port}/v1")
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await collect(adapter, hello())
+        assert caught.value.retryable
+    finally:
+        await adapter.aclose()
+
+
+async def test_loadout_builds_the_adapter(
+    server: WireServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KEEL_TEST_OPENAI_KEY", "from-env")
+    adapter = provider_from_loadout(
+        {
+            "provider": "openai",
+            "name": MODEL,
+            "baseUrl": f"{server.url}/v1",
+            "apiKeyEnv": "KEEL_TEST_OPENAI_KEY",
+            "contextWindow": 8192,
+            "maxOutputTokens": 100,
+        }
+    )
+    try:
+        assert isinstance(adapter, OpenAICompatible)
+        assert (adapter.name, adapter.model, adapter.context_window) == ("openai", MODEL, 8192)
+        server.queue(sse_reply([chunk({"content": "ok"}), chunk(finish="stop"), DONE]))
+        events = [event async for event in adapter.stream(hello(max_output_tokens=4096))]
+        assert isinstance(events[-1], Completed)
+    finally:
+        await adapter.aclose()
+    (received,) = server.received
+    assert received.headers["authorization"] == "Bearer from-env"
+    assert received.body["max_completion_tokens"] == 100
+    assert json.dumps(received.body["messages"])  # plain JSON all the way
