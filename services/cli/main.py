@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -57,6 +59,199 @@ def ledger(address: Address = "127.0.0.1:7101", database_url: DatabaseUrl = None
     _serve("ledger", settings, run_ledger(settings, address))
 
 
+@app.command()
+def kernel(
+    address: Address = "127.0.0.1:7102",
+    ledger: Annotated[str, typer.Option("--ledger", help="ledger address")] = "127.0.0.1:7101",
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Run the kernel service (leases, epochs, queue, admission, tenants)."""
+    from kernel import run_kernel
+
+    settings = _settings(database_url)
+    _serve("kernel", settings, run_kernel(settings, address, ledger))
+
+
+@app.command()
+def runner(
+    ledger: Annotated[str, typer.Option("--ledger")] = "127.0.0.1:7101",
+    kernel: Annotated[str, typer.Option("--kernel")] = "127.0.0.1:7102",
+    address: Address = "127.0.0.1:0",
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Run a runner (claim loop, model providers, tools) with its compaction service."""
+    from services.runner.config import RunnerConfig
+    from services.runner.server import run_runner
+
+    settings = _settings(database_url)
+    config = RunnerConfig.from_env(ledger, kernel)
+    _serve("runner", settings, run_runner(settings, config, address))
+
+
+@app.command()
+def compaction(
+    ledger: Annotated[str, typer.Option("--ledger")] = "127.0.0.1:7101",
+    kernel: Annotated[str, typer.Option("--kernel")] = "127.0.0.1:7102",
+    address: Address = "127.0.0.1:7103",
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Run the compaction service alone (runners embed one unless told otherwise)."""
+    from compaction.server import run_compaction
+
+    settings = _settings(database_url)
+    _serve("compaction", settings, run_compaction(settings, address, ledger, kernel))
+
+
+@app.command()
+def edge(
+    ledger: Annotated[str, typer.Option("--ledger")] = "127.0.0.1:7101",
+    kernel: Annotated[str, typer.Option("--kernel")] = "127.0.0.1:7102",
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    http_port: Annotated[int, typer.Option("--http-port")] = 8080,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Run the edge gateway (HTTP API, SSE, blobs, the web page)."""
+    from edge.gateway import EdgeConfig
+    from edge.server import run_edge
+
+    settings = _settings(database_url)
+    _serve("edge", settings, run_edge(settings, EdgeConfig(ledger, kernel), host, http_port))
+
+
+@app.command()
+def up(
+    data_dir: Annotated[
+        Path | None, typer.Option("--data-dir", help="SQLite files (default ./.keel)")
+    ] = None,
+    database_url: DatabaseUrl = None,
+    http_port: Annotated[int, typer.Option("--http-port")] = 8080,
+    processes: Annotated[
+        bool, typer.Option("--processes", help="each service as its own OS process")
+    ] = False,
+    runners: Annotated[int, typer.Option("--runners", help="runner processes")] = 1,
+) -> None:
+    """Start everything: ledger, kernel, runner, compaction, edge and the web page."""
+    from services.cli.up import Supervisor, UpOptions, data_dir_settings, up_embedded
+
+    settings = data_dir_settings(_settings(database_url), data_dir)
+    options = UpOptions(
+        http_port=http_port,
+        processes=processes,
+        runners=runners,
+        dev_key=os.environ.get("KEEL_DEV_KEY", ""),
+    )
+    telemetry.configure("up", settings)
+    main_coro = Supervisor(settings, options).run() if processes else up_embedded(settings, options)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main_coro)
+
+
+BaseUrl = Annotated[str, typer.Option("--url", envvar="KEEL_URL", help="edge URL")]
+Key = Annotated[str, typer.Option("--key", envvar="KEEL_KEY", help="API key")]
+
+
+@app.command()
+def chat(
+    session: Annotated[str | None, typer.Option("--session", help="session id")] = None,
+    url: BaseUrl = "http://127.0.0.1:8080",
+    key: Key = "",
+) -> None:
+    """Chat with a session in the terminal; resumes after disconnects."""
+    from services.cli.chat import run_chat
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run_chat(url, key or os.environ.get("KEEL_DEV_KEY", ""), session))
+
+
+@app.command()
+def drain(
+    mode: Annotated[str, typer.Option("--mode", help="handoff or shutdown")] = "handoff",
+    deadline_ms: Annotated[int, typer.Option("--deadline-ms")] = 30_000,
+    runtime_id: Annotated[str | None, typer.Option("--runtime-id")] = None,
+    url: BaseUrl = "http://127.0.0.1:8080",
+    key: Key = "",
+) -> None:
+    """Drain a runtime through the edge (admin key)."""
+    import httpx
+
+    body: dict[str, Any] = {"mode": mode, "deadlineMs": deadline_ms}
+    if runtime_id:
+        body["runtimeId"] = runtime_id
+    response = httpx.post(
+        f"{url}/v1/runtime/drain",
+        json=body,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=deadline_ms / 1000 + 10,
+    )
+    print(response.text)
+    raise typer.Exit(0 if response.is_success else 1)
+
+
+@app.command()
+def status(url: BaseUrl = "http://127.0.0.1:8080", key: Key = "") -> None:
+    """Every runtime's state (admin key)."""
+    import httpx
+    from rich.console import Console
+    from rich.table import Table
+
+    response = httpx.get(
+        f"{url}/v1/runtime/status", headers={"Authorization": f"Bearer {key}"}, timeout=10
+    )
+    if not response.is_success:
+        print(response.text)
+        raise typer.Exit(1)
+    table = Table("runtime", "role", "pid", "drain", "claiming", "in flight", "sessions")
+    for runtime in response.json()["runtimes"]:
+        table.add_row(
+            runtime["runtimeId"],
+            runtime["role"],
+            str(runtime.get("pid", "")),
+            runtime["drainMode"],
+            str(runtime["claiming"]),
+            str(runtime["inFlightRuns"]),
+            ", ".join(runtime["sessionIds"]),
+        )
+    Console().print(table)
+
+
+tenants_app = typer.Typer(help="Tenants.", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
+app.add_typer(tenants_app, name="tenants")
+app.add_typer(keys_app, name="keys")
+KernelAddress = Annotated[str, typer.Option("--kernel", help="kernel address")]
+
+
+@tenants_app.command("create")
+def tenants_create(
+    tenant_id: str, name: str = "", kernel: KernelAddress = "127.0.0.1:7102"
+) -> None:
+    """Create a tenant in the kernel."""
+    from kernel import KernelClient
+
+    async def go() -> bool:
+        async with KernelClient(kernel, Settings.from_env()) as client:
+            return await client.create_tenant(tenant_id, name)
+
+    print(json.dumps({"tenantId": tenant_id, "created": asyncio.run(go())}))
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant_id: str,
+    admin: Annotated[bool, typer.Option("--admin")] = False,
+    kernel: KernelAddress = "127.0.0.1:7102",
+) -> None:
+    """Create an API key for a tenant; the key is printed once."""
+    from kernel import KernelClient
+
+    async def go() -> tuple[str, str]:
+        async with KernelClient(kernel, Settings.from_env()) as client:
+            return await client.create_api_key(tenant_id, admin=admin)
+
+    key, key_id = asyncio.run(go())
+    print(json.dumps({"tenantId": tenant_id, "keyId": key_id, "key": key}))
+
+
 def _print_json(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(result))
@@ -71,6 +266,30 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="one line of JSON")]
 def bench_ledger(database_url: DatabaseUrl = None, as_json: JsonFlag = False) -> None:
     """Durable appends through gRPC vs a raw INSERT+COMMIT loop (PostgreSQL)."""
     from bench.ledger import measure
+
+    _print_json(measure(database_url), as_json)
+
+
+@bench_app.command("kernel")
+def bench_kernel(database_url: DatabaseUrl = None, as_json: JsonFlag = False) -> None:
+    """Claims per second and SIGKILL-to-takeover latency."""
+    from bench.kernel import measure
+
+    _print_json(measure(database_url), as_json)
+
+
+@bench_app.command("turns")
+def bench_turns(database_url: DatabaseUrl = None, as_json: JsonFlag = False) -> None:
+    """Input committed -> final answer committed, 50 sessions, instant model."""
+    from bench.turns import measure
+
+    _print_json(measure(database_url), as_json)
+
+
+@bench_app.command("e2e")
+def bench_e2e(database_url: DatabaseUrl = None, as_json: JsonFlag = False) -> None:
+    """Input POST -> final SSE frame; 1000 SSE clients on one edge."""
+    from bench.e2e import measure
 
     _print_json(measure(database_url), as_json)
 

@@ -18,12 +18,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
+from opentelemetry.instrumentation.grpc import filters as otel_filters
 
 from services.common.config import Settings
 
 log = logging.getLogger("keel.serving")
 
 TOKEN_HEADER = "x-keel-token"
+STREAMING_METHODS = ("Subscribe", "WatchSession", "Attach", "Watch")
 # Large enough for the biggest fact plus framing; the ledger enforces its own
 # per-fact limit with a clear error before this one is reached.
 MAX_MESSAGE_BYTES = 16 << 20
@@ -110,7 +112,10 @@ async def serve_services(
     services: Sequence[GrpcService], address: str, settings: Settings
 ) -> RunningServer:
     """Starts one aio server hosting `services` on `address` ("host:port")."""
-    interceptors: list[Any] = [aio_server_interceptor()]
+    # Long-lived streams are not traced: a span per subscription says nothing,
+    # and the instrumentation cannot detach its context when a client cancels.
+    untraced = otel_filters.any_of(*(otel_filters.method_name(name) for name in STREAMING_METHODS))
+    interceptors: list[Any] = [aio_server_interceptor(filter_=otel_filters.negate(untraced))]
     if settings.internal_token:
         interceptors.insert(0, _TokenInterceptor(settings.internal_token))
     server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
@@ -161,7 +166,8 @@ class _TokenClientInterceptor(
 
 def open_channel(address: str, settings: Settings) -> grpc.aio.Channel:
     """An aio channel to a Keel service with tracing and the internal token."""
-    interceptors: list[Any] = list(aio_client_interceptors())
+    untraced = otel_filters.any_of(*(otel_filters.method_name(name) for name in STREAMING_METHODS))
+    interceptors: list[Any] = list(aio_client_interceptors(filter_=otel_filters.negate(untraced)))
     if settings.internal_token:
         interceptors.append(_TokenClientInterceptor(settings.internal_token))
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)

@@ -1,0 +1,84 @@
+"""Serving the edge with uvicorn, embedded in `keel up` or alone (`keel edge`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+
+import uvicorn
+
+from edge.app import create_app
+from edge.blobs import blob_store
+from edge.gateway import EdgeConfig, Gateway
+from services.common.config import Settings
+
+log = logging.getLogger("keel.edge")
+
+
+class EdgeServer:
+    def __init__(
+        self, settings: Settings, config: EdgeConfig, host: str = "127.0.0.1", port: int = 0
+    ):
+        self.settings = settings
+        self.config = config
+        self.host = host
+        self.port = port
+        self.gateway: Gateway | None = None
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._socket: socket.socket | None = None
+
+    async def start(self) -> EdgeServer:
+        blobs = await asyncio.to_thread(blob_store, self.settings)
+        self.gateway = Gateway(self.config, self.settings, blobs)
+        app = create_app(self.gateway)
+        # Bind ourselves so port 0 works and the real port is known at once.
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((self.host, self.port))
+        self.port = self._socket.getsockname()[1]
+        config = uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
+        )
+        self._server = uvicorn.Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+            await asyncio.sleep(0.01)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def stop(self) -> None:
+        if self.gateway is not None:
+            self.gateway.draining.set()  # SSE clients get `drain`, then streams end
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await self._task
+        if self._socket is not None:
+            self._socket.close()
+        if self.gateway is not None:
+            await self.gateway.close()
+
+
+async def run_edge(settings: Settings, config: EdgeConfig, host: str, port: int) -> None:
+    """Serves until SIGINT/SIGTERM; then SSE clients get `drain` and the listener closes."""
+    import signal
+
+    server = await EdgeServer(settings, config, host, port).start()
+    print(f"edge listening on {host}:{server.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()

@@ -1,0 +1,273 @@
+"""The edge's HTTP API over real HTTP (SPEC §7): idempotent inputs, errors
+that are JSON 4xx and never 5xx, probes, metrics and the OpenAPI document."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+
+from tests.edge.conftest import Stack
+
+
+async def _chunks(count: int, size: int) -> AsyncIterator[bytes]:
+    for _ in range(count):
+        yield b"x" * size
+
+
+def assert_error(response: httpx.Response, status: int) -> dict[str, str]:
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert isinstance(error["code"], str) and error["code"]
+    assert isinstance(error["message"], str) and error["message"]
+    return error  # type: ignore[no-any-return]
+
+
+async def test_inputs_are_idempotent_by_request_id(stack: Stack) -> None:
+    session = await stack.new_session()
+
+    first = await stack.post_input(session, "hello", "req-1")
+    assert first.status_code == 202, first.text
+    seq = first.json()["seq"]
+    assert isinstance(seq, int) and seq >= 1
+
+    again = await stack.post_input(session, "hello", "req-1")
+    assert again.status_code == 200, again.text
+    assert again.json() == {"seq": seq}
+
+    other = await stack.post_input(session, "another body", "req-1")
+    error = assert_error(other, 409)
+    assert error["code"] == "conflict"
+
+    second = await stack.post_input(session, "hello", "req-2")
+    assert second.status_code == 202
+    assert second.json()["seq"] == seq + 1
+
+    # The ledger holds each input once, the conflicting body never.
+    facts = await stack.cluster.facts(session)
+    inputs = [f for f in facts if f.kind == "input"]
+    assert [(f.seq, f.data["requestId"], f.data["text"]) for f in inputs] == [
+        (seq, "req-1", "hello"),
+        (seq + 1, "req-2", "hello"),
+    ]
+    view = (await stack.http.get(f"/v1/sessions/{session}")).json()
+    assert view["id"] == session and view["headSeq"] == facts[-1].seq
+    assert view["owedInputs"] == [seq, seq + 1]
+
+
+async def test_bad_requests_are_json_4xx_never_5xx(stack: Stack) -> None:
+    http = stack.http
+    session = await stack.new_session()
+    inputs = f"/v1/sessions/{session}/inputs"
+    json_headers = {"Content-Type": "application/json"}
+
+    cases: list[tuple[str, httpx.Response, int]] = [
+        (
+            "malformed JSON",
+            await http.post(inputs, content=b"{not json", headers=json_headers),
+            400,
+        ),
+        ("invalid UTF-8", await http.post(inputs, content=b'{"text":"\xff"}'), 400),
+        ("JSON array", await http.post(inputs, json=["text", "requestId"]), 400),
+        ("JSON string", await http.post(inputs, json="hello"), 400),
+        ("JSON null", await http.post(inputs, content=b"null"), 400),
+        ("empty body", await http.post(inputs, content=b""), 400),
+        ("missing requestId", await http.post(inputs, json={"text": "x"}), 400),
+        ("missing text", await http.post(inputs, json={"requestId": "r"}), 400),
+        ("text not a string", await http.post(inputs, json={"text": 5, "requestId": "r"}), 400),
+        (
+            "requestId not a string",
+            await http.post(inputs, json={"text": "x", "requestId": ["r"]}),
+            400,
+        ),
+        (
+            "blobs not a list",
+            await http.post(inputs, json={"text": "x", "requestId": "r", "blobs": "b"}),
+            400,
+        ),
+        (
+            "unknown blob",
+            await http.post(inputs, json={"text": "x", "requestId": "r", "blobs": ["blob-nope"]}),
+            404,
+        ),
+        (
+            "huge body",
+            await http.post(
+                inputs,
+                content=json.dumps({"text": "x" * (1 << 20), "requestId": "big"}).encode(),
+                headers=json_headers,
+            ),
+            413,
+        ),
+        ("session id not a string", await http.post("/v1/sessions", json={"id": 7}), 400),
+        ("bad session id chars", await http.post("/v1/sessions", json={"id": "a b/c"}), 400),
+        ("duplicate session id", await http.post("/v1/sessions", json={"id": session}), 409),
+        ("unknown session", await http.get("/v1/sessions/no-such-session"), 404),
+        (
+            "input to unknown session",
+            await http.post(
+                "/v1/sessions/no-such-session/inputs", json={"text": "x", "requestId": "r"}
+            ),
+            404,
+        ),
+        ("events of unknown session", await http.get("/v1/sessions/no-such-session/events"), 404),
+        ("bad session id chars in path", await http.get("/v1/sessions/a%20b%2A"), 400),
+        ("bad session id in events path", await http.get("/v1/sessions/%24%24/events"), 400),
+        (
+            "Last-Event-ID not a number",
+            await http.get(f"/v1/sessions/{session}/events", headers={"Last-Event-ID": "abc"}),
+            400,
+        ),
+        (
+            "Last-Event-ID negative",
+            await http.get(f"/v1/sessions/{session}/events", headers={"Last-Event-ID": "-1"}),
+            400,
+        ),
+        ("after=-1", await http.get(f"/v1/sessions/{session}/events?after=-1"), 400),
+        ("after=abc", await http.get(f"/v1/sessions/{session}/events?after=abc"), 400),
+        (
+            "limit=0",
+            await http.get(f"/v1/sessions/{session}/events?format=json&limit=0"),
+            400,
+        ),
+        ("context at=abc", await http.get(f"/v1/sessions/{session}/context?at=abc"), 400),
+        ("retry without seq", await http.post(f"/v1/sessions/{session}/retry", json={}), 400),
+        (
+            "retry of a non-input",
+            await http.post(f"/v1/sessions/{session}/retry", json={"seq": 99}),
+            400,
+        ),
+        (
+            "retry seq wrong type",
+            await http.post(f"/v1/sessions/{session}/retry", json={"seq": "1"}),
+            400,
+        ),
+        (
+            "Last-Event-ID (superscript two) (isdigit, not int)",
+            await http.get(
+                f"/v1/sessions/{session}/events",
+                headers={b"Last-Event-ID": "\u00b2".encode("latin-1")},
+            ),
+            400,
+        ),
+        (
+            "Last-Event-ID past int64",
+            await http.get(f"/v1/sessions/{session}/events", headers={"Last-Event-ID": "9" * 30}),
+            400,
+        ),
+        (
+            "after past int64",
+            await http.get(f"/v1/sessions/{session}/events?after={'9' * 30}"),
+            400,
+        ),
+        (
+            "page after past int64",
+            await http.get(f"/v1/sessions/{session}/events?format=json&after={'9' * 30}"),
+            400,
+        ),
+        (
+            "context at past int64",
+            await http.get(f"/v1/sessions/{session}/context?at={'9' * 30}"),
+            400,
+        ),
+        (
+            "retry seq past int64",
+            await http.post(f"/v1/sessions/{session}/retry", json={"seq": 10**30}),
+            400,
+        ),
+        (
+            "lone surrogate",
+            await http.post(inputs, content=b'{"text": "\\ud800", "requestId": "s"}'),
+            400,
+        ),
+        (
+            "deeply nested JSON",
+            await http.post(inputs, content=b"[" * 100_000 + b"]" * 100_000),
+            400,
+        ),
+        (
+            "huge chunked body (no Content-Length)",
+            await http.post(inputs, content=_chunks(20, 100_000)),
+            413,
+        ),
+        (
+            "drain deadline past int64",
+            await http.post("/v1/runtime/drain", json={"mode": "handoff", "deadlineMs": 10**30}),
+            400,
+        ),
+        (
+            "blob: Upload-Offset (superscript two)",
+            await http.patch(
+                "/v1/blobs/blob-nope",
+                content=b"x",
+                headers={b"Upload-Offset": "\u00b2".encode("latin-1")},
+            ),
+            400,
+        ),
+        ("unknown route", await http.get("/v1/nope"), 404),
+        ("unknown nested route", await http.get(f"/v1/sessions/{session}/nope"), 404),
+        ("wrong method on sessions", await http.delete("/v1/sessions"), 405),
+        ("wrong method on inputs", await http.get(inputs), 405),
+        ("wrong method on drain", await http.get("/v1/runtime/drain"), 405),
+        ("drain: bad mode", await http.post("/v1/runtime/drain", json={"mode": "now"}), 400),
+        (
+            "drain: bad deadline",
+            await http.post("/v1/runtime/drain", json={"mode": "handoff", "deadlineMs": "soon"}),
+            400,
+        ),
+        ("blob: no length", await http.post("/v1/blobs", json={}), 400),
+        ("blob: length not int", await http.post("/v1/blobs", json={"length": "9"}), 400),
+        ("blob: length bool", await http.post("/v1/blobs", json={"length": True}), 400),
+        ("blob: length zero", await http.post("/v1/blobs", json={"length": 0}), 400),
+        ("blob: negative length", await http.post("/v1/blobs", json={"length": -5}), 400),
+        ("blob: unknown", await http.head("/v1/blobs/blob-nope"), 404),
+        (
+            "blob: PATCH unknown",
+            await http.patch("/v1/blobs/blob-nope", content=b"x", headers={"Upload-Offset": "0"}),
+            404,
+        ),
+    ]
+    failures = []
+    for name, response, status in cases:
+        if response.status_code != status:
+            failures.append(f"{name}: {response.status_code} {response.text[:200]}")
+            continue
+        if response.request.method != "HEAD":
+            try:
+                assert_error(response, status)
+            except (AssertionError, KeyError, ValueError) as error:
+                failures.append(f"{name}: not a JSON error ({error!r}): {response.text[:200]}")
+    assert not failures, "\n".join(failures)
+
+    # Nothing of the refused inputs reached the ledger.
+    assert [f for f in await stack.cluster.facts(session) if f.kind == "input"] == []
+
+
+async def test_probes_metrics_and_openapi(stack: Stack) -> None:
+    anonymous = httpx.AsyncClient(base_url=stack.url)
+    try:
+        assert (await anonymous.get("/healthz")).status_code == 200
+        ready = await anonymous.get("/readyz")
+        assert ready.status_code == 200, ready.text
+
+        document = (await anonymous.get("/openapi.json")).json()
+        assert str(document["openapi"]).startswith("3.")
+        for path in ("/v1/sessions", "/v1/sessions/{id}/inputs", "/v1/sessions/{id}/events"):
+            assert path in document["paths"], path
+
+        await stack.new_session()
+        metrics = await anonymous.get("/metrics")
+        assert metrics.status_code == 200
+        assert metrics.headers["content-type"].startswith("text/plain")
+        text = metrics.text
+        assert "# TYPE keel_edge_requests_total counter" in text
+        assert 'keel_edge_requests_total{route="create_session",status="201"} 1.0' in text
+        assert "keel_edge_sse_clients" in text
+
+        page = await anonymous.get("/")
+        assert page.status_code == 200
+        assert page.headers["content-type"].startswith("text/html")
+    finally:
+        await anonymous.aclose()
