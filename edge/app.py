@@ -194,6 +194,10 @@ def create_app(gateway: Gateway) -> Starlette:
             after = int(cursor_header)
         else:
             after = _int_param(request, "after", 0)
+        if after > view.head_seq:
+            # A cursor from the future would silently skip facts until the
+            # session caught up with it: refuse it instead.
+            raise BadRequest(f"cursor {after} is beyond the session's head {view.head_seq}")
         if request.query_params.get("format") == "json":
             limit = min(_int_param(request, "limit", 500, minimum=1), MAX_PAGE)
             facts, head = await gateway.ledger.read(session_id, after, limit)

@@ -66,6 +66,7 @@ class SessionStream:
         facts = asyncio.create_task(self._follow_facts(), name="sse-facts")
         partials = asyncio.create_task(self._follow_partials(), name="sse-partials")
         drained = asyncio.create_task(self._gateway.draining.wait(), name="sse-drain")
+        get: asyncio.Task[ServerSentEvent | None] | None = None
         try:
             while True:
                 get = asyncio.create_task(self._out.get())
@@ -81,9 +82,11 @@ class SessionStream:
                 yield ServerSentEvent(data=json.dumps({"retry_after_ms": retry}), event="drain")
                 return
         finally:
-            for task in (facts, partials, drained):
+            # The client may leave at any await: cancel everything we started.
+            tasks = [facts, partials, drained, *([get] if get is not None else [])]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(facts, partials, drained, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _follow_facts(self) -> None:
         try:

@@ -141,8 +141,7 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
         session_id = F.check_id(request.session_id, "session_id")
         after = F.check_cursor(request.after_seq)
         limit = F.check_limit(request.limit)
-        facts = await asyncio.to_thread(self._store.read, session_id, after, limit)
-        head = await asyncio.to_thread(self._store.head, session_id)
+        facts, head = await asyncio.to_thread(self._store.read_page, session_id, after, limit)
         return pb.ReadResponse(facts=[fact_to_pb(f) for f in facts], head_seq=head)
 
     @stream_errors

@@ -171,11 +171,24 @@ class LedgerStore:
                 self._readers_changed.notify_all()
 
     def read(self, session_id: str, after_seq: int, limit: int) -> list[F.CommittedFact]:
+        return self.read_page(session_id, after_seq, limit)[0]
+
+    def read_page(
+        self, session_id: str, after_seq: int, limit: int
+    ) -> tuple[list[F.CommittedFact], int]:
+        """Facts after `after_seq` and the stream's head, in one go.
+
+        A short page ends at the head, so the head costs no second query on
+        the hot path (a reader following a live session).
+        """
         with self._reading():
             events = list(self.app.events.get(session_id, gt=after_seq, limit=limit))
             if not events and not self.exists(session_id):
                 raise SessionNotFound(f"no session {session_id!r}")
-            return [to_committed(session_id, e) for e in events]
+            facts = [to_committed(session_id, e) for e in events]
+            if facts and len(facts) < limit:
+                return facts, facts[-1].seq
+            return facts, self.head(session_id)
 
     def head(self, session_id: str) -> int:
         with self._reading():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -138,7 +139,23 @@ class Attempt:
             )
         except StaleEpoch as error:
             raise Fenced(str(error)) from None
-        await self.refresh()
+        known = self.facts[-1].seq if self.facts else 0
+        if not appended.duplicate and appended.seq == known + 1:
+            # Nothing else was committed in between: our fact is exactly what
+            # the ledger holds (bar its timestamp), no need to read it back.
+            self.facts.append(
+                CommittedFact(
+                    self.session_id,
+                    appended.seq,
+                    kind,
+                    dict(data),
+                    int(time.time() * 1000),
+                    self.epoch,
+                )
+            )
+        else:
+            # A duplicate (the ledger's copy wins) or client facts in between.
+            await self.refresh()
         return appended.seq
 
     def status(self, state: str) -> None:
@@ -153,7 +170,8 @@ class Attempt:
     # -- the attempt --
 
     async def start(self) -> None:
-        await self.refresh()
+        if not self.facts:
+            await self.refresh()
         self.watermark = T.highest_input(self.facts)
         await self.commit(
             "epoch_started",

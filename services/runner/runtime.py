@@ -194,12 +194,17 @@ class Runtime:
             handoff_requested=lambda: self.drain_mode == DRAIN_HANDOFF,
             lease_ms=self.settings.lease_ms,
         )
-        document = await self.kernel.get_loadout(lease.tenant_id)
+        # The transcript and the loadout are independent: fetch both at once.
+        document, facts = await asyncio.gather(
+            self.kernel.get_loadout(lease.tenant_id),
+            self.ledger.read_all(lease.session_id),
+        )
         loadout = Loadout.from_document(document.revision, document.document)
         tools = ToolRegistry.for_loadout(
             loadout.tool_names, self._tools, self.config.tool_timeout_s
         )
         attempt = Attempt(services, lease, loadout, self._provider(loadout.model), tools)
+        attempt.facts.extend(facts)
         work = asyncio.current_task()
         assert work is not None
         lost = False
