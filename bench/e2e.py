@@ -14,16 +14,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from typing import Any
 
 import httpx
+import psycopg
+from psycopg import sql
 
-from bench.cluster import start
+from bench.cluster import DEFAULT_URL
 from bench.turns import percentile
-from services.ledger import LedgerClient
+
+BENCH_KEY = "keel-bench-key"
 
 
 class SseClient:
@@ -40,13 +48,19 @@ class SseClient:
             "Accept: text/event-stream\r\n\r\n".encode()
         )
         await writer.drain()
-        await reader.readuntil(b"\r\n\r\n")  # status line and headers
+        head = await reader.readuntil(b"\r\n\r\n")  # status line and headers
+        if b" 200 " not in head.split(b"\r\n", 1)[0]:
+            body = await reader.read(4096)
+            raise RuntimeError(f"SSE request refused: {head.decode(errors='replace')}{body!r}")
         return cls(reader, writer)
 
     async def next_event(self) -> tuple[str, dict[str, Any]]:
         event, data = "message", ""
         while True:
-            line = (await self.reader.readline()).decode().rstrip("\r\n")
+            raw = await self.reader.readline()
+            if not raw:
+                raise ConnectionError("the SSE stream ended")
+            line = raw.decode().rstrip("\r\n")
             if line.startswith("event:"):
                 event = line[6:].strip()
             elif line.startswith("data:"):
@@ -59,18 +73,56 @@ class SseClient:
         await self.writer.wait_closed()
 
 
-async def _run(database_url: str | None, turns: int, clients: int, facts: int) -> dict[str, Any]:
-    cluster = await start(database_url, with_edge=True, concurrency=8)
-    assert cluster.edge is not None
-    port, key = cluster.edge.port, cluster.key
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _start_keel(url: str, schema: str, port: int) -> subprocess.Popen[str]:
+    """`keel up` on PostgreSQL as its own process: the edge under test."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "KEEL_PG_SCHEMA": schema,
+            "KEEL_DEV_KEY": BENCH_KEY,
+            "KEEL_LOG_LEVEL": "WARNING",
+            "KEEL_RUNNER_CONCURRENCY": "16",
+        }
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.cli.main",
+            "up",
+            "--database-url",
+            url,
+            "--data-dir",
+            tempfile.mkdtemp(prefix="keel-bench-"),
+            "--http-port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("Keel is up"):
+            return proc
+    raise RuntimeError("keel up did not start")
+
+
+async def _run(url: str, port: int, turns: int, clients: int, facts: int) -> dict[str, Any]:
     latencies: list[float] = []
     arrivals: list[float] = []
-    http = httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}
-    )
-    try:
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {BENCH_KEY}"}
+    ) as http:
         session = (await http.post("/v1/sessions", json={})).json()["id"]
-        stream = await SseClient.open(port, f"/v1/sessions/{session}/events", key)
+        stream = await SseClient.open(port, f"/v1/sessions/{session}/events", BENCH_KEY)
         for turn in range(turns + 5):
             started = time.perf_counter()
             response = await http.post(
@@ -86,36 +138,34 @@ async def _run(database_url: str | None, turns: int, clients: int, facts: int) -
                 latencies.append((time.perf_counter() - started) * 1000)
         await stream.close()
 
+        followed = (await http.post("/v1/sessions", json={})).json()["id"]
         followers = await asyncio.gather(
             *(
-                SseClient.open(port, f"/v1/sessions/{session}/events?after=1000000", key)
+                SseClient.open(port, f"/v1/sessions/{followed}/events?after=1", BENCH_KEY)
                 for _ in range(clients)
             )
         )
-        async with LedgerClient(cluster.ledger.target) as ledger:
-            for n in range(facts):
+        for _ in range(facts):
 
-                async def arrive(client: SseClient) -> float:
-                    while True:
-                        kind, _ = await client.next_event()
-                        if kind == "cancelled":
-                            return time.perf_counter()
+            async def arrive(client: SseClient) -> float:
+                while True:
+                    kind, _ = await client.next_event()
+                    if kind == "cancelled":
+                        return time.perf_counter()
 
-                waiting = [asyncio.create_task(arrive(c)) for c in followers]
-                await asyncio.sleep(0)
-                # From just before the commit: includes the append's own
-                # latency, so the figure can only be pessimistic.
-                committing = time.perf_counter()
-                await ledger.append_one(session, "cancelled", {"reason": f"bench {n}"})
-                for arrived in await asyncio.gather(*waiting):
-                    arrivals.append((arrived - committing) * 1000)
+            waiting = [asyncio.create_task(arrive(c)) for c in followers]
+            await asyncio.sleep(0)
+            # From just before the commit (a cancel, through the edge): the
+            # request's own latency is included, so the figure is pessimistic.
+            committing = time.perf_counter()
+            await http.post(f"/v1/sessions/{followed}/cancel")
+            for arrived in await asyncio.gather(*waiting):
+                arrivals.append((arrived - committing) * 1000)
         await asyncio.gather(*(c.close() for c in followers))
-    finally:
-        await http.aclose()
-        await cluster.stop()
     return {
         "benchmark": "e2e",
         "database": "postgresql",
+        "edge": "keel up (one process) on PostgreSQL; clients in another process",
         "input_to_final_p50_ms": round(statistics.median(latencies), 2),
         "input_to_final_p99_ms": round(percentile(latencies, 0.99), 2),
         "sse_clients": clients,
@@ -130,6 +180,22 @@ async def _run(database_url: str | None, turns: int, clients: int, facts: int) -
 
 
 def measure(
-    database_url: str | None = None, turns: int = 50, clients: int = 1000, facts: int = 10
+    database_url: str | None = None, turns: int = 100, clients: int = 1000, facts: int = 10
 ) -> dict[str, Any]:
-    return asyncio.run(_run(database_url, turns, clients, facts))
+    url = database_url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL
+    schema = f"keel_bench_{uuid.uuid4().hex[:8]}"
+    port = _free_port()
+    proc = _start_keel(url, schema, port)
+    try:
+        return asyncio.run(_run(url, port, turns, clients, facts))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

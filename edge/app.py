@@ -208,7 +208,7 @@ def create_app(gateway: Gateway) -> Starlette:
                     "next": facts[-1].seq if facts else after,
                 }
             )
-        stream = SessionStream(gateway, session_id, after, view.head_seq)
+        stream = SessionStream(gateway, session_id, after)
 
         async def counted() -> Any:
             metrics.sse_clients.inc()

@@ -1,11 +1,18 @@
-"""One ledger subscription per session per edge, shared by its SSE clients.
+"""Per session and per edge: one ledger subscription and one owner watch,
+shared by every SSE client of that session.
 
-Without it, every browser tab would hold its own ledger stream and every
-commit would cost the ledger one read per client. A client joins the live
-broadcast first and then reads its backlog from the ledger up to where the
-broadcast began, so there is neither a gap nor a repeat at the seam (facts
-at or below the client's cursor are skipped; a gap in the broadcast, which a
-slow consumer can cause, is filled from the ledger).
+Without it each browser tab would hold its own ledger stream (every commit
+costing the ledger one read per client) and would ask the kernel for the
+owner and open its own runner stream at every new epoch. With it, a commit
+costs one read and one broadcast, whatever the number of clients.
+
+Facts: a client joins the live broadcast first, then reads its backlog from
+the ledger up to where the broadcast began, so there is neither a gap nor a
+repeat at the seam (facts at or below the client's cursor are skipped; a gap
+in the broadcast, which a slow consumer can cause, is filled from the ledger).
+
+Partials (`Partial`, `StatusChange`) come from the session's owner. The watch
+re-attaches whenever an `epoch_started` fact shows that the owner changed.
 """
 
 from __future__ import annotations
@@ -13,98 +20,174 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import TypeAlias
 
 from services.common.errors import KeelError
 from services.ledger import CommittedFact, LedgerClient
+from services.runner.client import RunnerClient
+from services.runner.hub import Partial, StatusChange
 
 log = logging.getLogger("keel.edge.fanout")
 CLIENT_BUFFER = 1024
 _CLOSED = object()
+IDLE = StatusChange("idle", 0)
+
+
+class Drain:
+    """This edge is draining: the client should reconnect (here or elsewhere)."""
+
+
+DRAIN = Drain()
+Live: TypeAlias = CommittedFact | Partial | StatusChange | Drain
+OwnerLookup = Callable[[str], Awaitable[RunnerClient | None]]
 
 
 class SessionFanout:
-    def __init__(self, ledger: LedgerClient, session_id: str, on_idle: FanoutHub) -> None:
-        self._ledger = ledger
+    def __init__(self, hub: FanoutHub, session_id: str) -> None:
+        self._hub = hub
         self._session_id = session_id
-        self._hub = on_idle
         self._clients: set[asyncio.Queue[object]] = set()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._owner_changed = asyncio.Event()
+        self.status: StatusChange = IDLE
 
     def join(self) -> asyncio.Queue[object]:
         queue: asyncio.Queue[object] = asyncio.Queue(maxsize=CLIENT_BUFFER)
         self._clients.add(queue)
-        if self._task is None:
-            self._task = asyncio.create_task(self._follow(), name=f"fanout-{self._session_id}")
+        if not self._tasks:
+            self._owner_changed.set()
+            self._tasks = [
+                asyncio.create_task(self._follow_facts(), name=f"fanout-{self._session_id}"),
+                asyncio.create_task(self._follow_owner(), name=f"owner-{self._session_id}"),
+            ]
         return queue
 
     def leave(self, queue: asyncio.Queue[object]) -> None:
         self._clients.discard(queue)
-        if not self._clients and self._task is not None:
-            self._task.cancel()
-            self._task = None
+        if not self._clients:
+            for task in self._tasks:
+                task.cancel()
+            self._tasks = []
             self._hub.forget(self._session_id, self)
 
-    async def _follow(self) -> None:
+    def broadcast_drain(self) -> None:
+        for queue in list(self._clients):
+            # Never dropped: make room by discarding what the client has not
+            # read yet (it resumes from its cursor anyway).
+            while queue.full():
+                queue.get_nowait()
+            queue.put_nowait(DRAIN)
+
+    def _broadcast(self, item: object) -> None:
+        for queue in list(self._clients):
+            with contextlib.suppress(asyncio.QueueFull):
+                # A full queue drops the item for that client only; for a
+                # fact it notices the gap and reads it from the ledger.
+                queue.put_nowait(item)
+
+    async def _follow_facts(self) -> None:
+        ledger = self._hub.ledger
         try:
-            head = (await self._ledger.get_session(self._session_id)).head_seq
-            async for fact in self._ledger.subscribe(self._session_id, head):
-                for queue in list(self._clients):
-                    with contextlib.suppress(asyncio.QueueFull):
-                        # A full queue drops the fact for that client only;
-                        # it notices the gap and reads it from the ledger.
-                        queue.put_nowait(fact)
+            head = (await ledger.get_session(self._session_id)).head_seq
+            async for fact in ledger.subscribe(self._session_id, head):
+                self._broadcast(fact)
+                if fact.kind == "epoch_started":
+                    self._owner_changed.set()
         except KeelError as error:
             log.info("fan-out of %s ended: %s", self._session_id, error)
         finally:
-            for queue in list(self._clients):
-                with contextlib.suppress(asyncio.QueueFull):
-                    queue.put_nowait(_CLOSED)
+            self._broadcast(_CLOSED)
+
+    async def _follow_owner(self) -> None:
+        while True:
+            await self._owner_changed.wait()
+            self._owner_changed.clear()
+            runner = await self._hub.owner_of(self._session_id)
+            if runner is None:
+                continue
+            with contextlib.suppress(KeelError):
+                async for event in runner.watch(self._session_id):
+                    if isinstance(event, StatusChange):
+                        self.status = event
+                    self._broadcast(event)
+            if self.status != IDLE:
+                self.status = IDLE
+                self._broadcast(IDLE)
 
 
 class FanoutHub:
-    def __init__(self, ledger: LedgerClient) -> None:
-        self._ledger = ledger
+    def __init__(self, ledger: LedgerClient, owner_of: OwnerLookup) -> None:
+        self.ledger = ledger
+        self.owner_of = owner_of
+        self.draining = False
         self._sessions: dict[str, SessionFanout] = {}
 
     def forget(self, session_id: str, fanout: SessionFanout) -> None:
         if self._sessions.get(session_id) is fanout:
             del self._sessions[session_id]
 
-    async def facts(self, session_id: str, after: int) -> AsyncIterator[CommittedFact]:
-        """Every fact with seq > after, in order, backlog then live, forever."""
+    @property
+    def sessions(self) -> int:
+        return len(self._sessions)
+
+    def drain(self) -> None:
+        """Tells every client of this edge to reconnect."""
+        self.draining = True
+        for fanout in list(self._sessions.values()):
+            fanout.broadcast_drain()
+
+    async def follow(self, session_id: str, after: int) -> AsyncGenerator[Live, None]:
+        """Facts with seq > after in order (backlog, then live), interleaved
+        with the owner's partials once the backlog is out. Ends when the
+        ledger stream ends."""
         fanout = self._sessions.get(session_id)
         if fanout is None:
-            fanout = self._sessions[session_id] = SessionFanout(self._ledger, session_id, self)
+            fanout = self._sessions[session_id] = SessionFanout(self, session_id)
         queue = fanout.join()
         cursor = after
         try:
+            if self.draining:
+                yield DRAIN
+                return
+            async for fact in _catch_up_facts(self.ledger, session_id, cursor):
+                yield fact
+                cursor = fact.seq
+            if fanout.status != IDLE:
+                # Whoever works on the session now, as far as this edge knows.
+                yield fanout.status
             while True:
-                # Catch up from the ledger (the backlog, or a gap).
-                while True:
-                    page, head = await self._ledger.read(session_id, cursor, 500)
-                    for fact in page:
+                item = await queue.get()
+                if item is _CLOSED:
+                    return
+                if item is DRAIN:
+                    yield DRAIN
+                    return
+                if not isinstance(item, CommittedFact):
+                    assert isinstance(item, Partial | StatusChange)
+                    yield item
+                    continue
+                if item.seq > cursor + 1:
+                    # Facts this client missed: read them (and this one) back.
+                    async for fact in _catch_up_facts(self.ledger, session_id, cursor):
                         yield fact
                         cursor = fact.seq
-                    if not page or cursor >= head:
-                        break
-                # Then live, until a gap sends us back to the ledger.
-                while True:
-                    item = await queue.get()
-                    if item is _CLOSED:
-                        return
-                    assert isinstance(item, CommittedFact)
-                    if item.seq <= cursor:
-                        continue
-                    if item.seq > cursor + 1:
-                        # Missed facts (dropped or before the broadcast began).
-                        page, _ = await self._ledger.read(session_id, cursor, item.seq - cursor - 1)
-                        for fact in page:
-                            yield fact
-                            cursor = fact.seq
-                        if cursor + 1 != item.seq:
-                            break
-                    yield item
-                    cursor = item.seq
+                if item.seq <= cursor:
+                    continue
+                yield item
+                cursor = item.seq
         finally:
             fanout.leave(queue)
+
+
+async def _catch_up_facts(
+    ledger: LedgerClient, session_id: str, cursor: int
+) -> AsyncIterator[CommittedFact]:
+    """Facts after `cursor` from the ledger, up to its head."""
+    while True:
+        page, head = await ledger.read(session_id, cursor, 500)
+        for fact in page:
+            yield fact
+            cursor = fact.seq
+        if not page or cursor >= head:
+            return

@@ -61,7 +61,7 @@ class Gateway:
         self.blobs = blobs
         self.ledger = LedgerClient(config.ledger_target, settings)
         self.kernel = KernelClient(config.kernel_target, settings)
-        self.fanout = FanoutHub(self.ledger)
+        self.fanout = FanoutHub(self.ledger, self._owner_runner)
         self.edge_id = f"edge-{uuid.uuid4().hex[:12]}"
         self.draining = asyncio.Event()
         self.drain_mode = "none"
@@ -70,6 +70,13 @@ class Gateway:
         self._addresses: dict[str, str] = {}
         # Runners living in this process (keel up): drained with the edge.
         self.local_runtime_ids: set[str] = set()
+
+    def start_draining(self, mode: str = "shutdown") -> None:
+        """Stop serving streams: every SSE client gets `drain` and reconnects.
+        Inputs are still accepted until the listener closes."""
+        self.drain_mode = mode
+        self.draining.set()
+        self.fanout.drain()
 
     async def close(self) -> None:
         for client in self._runners.values():
@@ -218,6 +225,10 @@ class Gateway:
             if info.lease is not None:
                 return info.lease.runtime_id
         return None
+
+    async def _owner_runner(self, session_id: str) -> RunnerClient | None:
+        owner = await self.owner(session_id)
+        return await self.runner(owner) if owner else None
 
     async def status_of(self, view: SessionView) -> str:
         if view.parked:

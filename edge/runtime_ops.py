@@ -30,8 +30,7 @@ async def drain_runners(
     if runtime_id is None:
         # This whole runtime drains: its SSE clients are told to reconnect
         # (elsewhere, or here after a restart); inputs are still accepted.
-        gateway.drain_mode = mode
-        gateway.draining.set()
+        gateway.start_draining(mode)
     await drain_all
     return {
         "mode": mode,

@@ -56,7 +56,7 @@ class EdgeServer:
 
     async def stop(self) -> None:
         if self.gateway is not None:
-            self.gateway.draining.set()  # SSE clients get `drain`, then streams end
+            self.gateway.start_draining()  # SSE clients get `drain`, then streams end
         if self._server is not None:
             self._server.should_exit = True
         if self._task is not None:

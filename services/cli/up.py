@@ -65,7 +65,7 @@ async def up_embedded(settings: Settings, options: UpOptions) -> None:
     ledger = await LedgerServer(settings).start()
     kernel = await KernelServer(settings, ledger_target=ledger.target).start()
     runners = [
-        await RunnerServer(settings, RunnerConfig(ledger.target, kernel.target)).start()
+        await RunnerServer(settings, RunnerConfig.from_env(ledger.target, kernel.target)).start()
         for _ in range(max(options.runners, 1))
     ]
     edge = await EdgeServer(

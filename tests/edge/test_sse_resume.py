@@ -149,7 +149,7 @@ async def test_fuzzed_disconnects_while_facts_commit(stack: Stack) -> None:
 
     # Every cut stream was let go: no SSE client (nor its ledger stream) leaks.
     async def released() -> bool | None:
-        idle = await sse_clients(stack.http) == 0 and not stack.gateway.fanout._sessions
+        idle = await sse_clients(stack.http) == 0 and not stack.gateway.fanout.sessions
         return True if idle else None
 
     await eventually(released, "SSE clients and their ledger fan-outs to be released", 10)
