@@ -273,9 +273,10 @@ def bench_ledger(database_url: DatabaseUrl = None, as_json: JsonFlag = False) ->
 @bench_app.command("kernel")
 def bench_kernel(database_url: DatabaseUrl = None, as_json: JsonFlag = False) -> None:
     """Claims per second and SIGKILL-to-takeover latency."""
+    from bench.cluster import DEFAULT_URL
     from bench.kernel import measure
 
-    _print_json(measure(database_url), as_json)
+    _print_json(measure(database_url or DEFAULT_URL), as_json)
 
 
 @bench_app.command("turns")

@@ -20,6 +20,7 @@ from anthropic.types.raw_content_block_start_event import ContentBlock
 from compaction.policy import is_context_overflow
 from services.runner.providers.base import (
     Completed,
+    ConfiguredModel,
     ContextOverflow,
     ModelRequest,
     ProviderError,
@@ -275,7 +276,7 @@ def provider_error(exc: AnthropicError) -> ProviderError:
     return ProviderError(message, retryable=retryable, status=status)
 
 
-class AnthropicMessages:
+class AnthropicMessages(ConfiguredModel):
     """A `Provider` for the Anthropic messages protocol."""
 
     def __init__(
@@ -289,9 +290,7 @@ class AnthropicMessages:
         thinking: Mapping[str, Any] | None = None,
         timeout_s: float = 600.0,
     ) -> None:
-        self._model = model
-        self._context_window = context_window
-        self._max_output_tokens = max_output_tokens
+        super().__init__(model, context_window, max_output_tokens)
         self._thinking = dict(thinking) if thinking is not None else None
         self._client = AsyncAnthropic(
             api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout_s
@@ -301,21 +300,11 @@ class AnthropicMessages:
     def name(self) -> str:
         return "anthropic"
 
-    @property
-    def model(self) -> str:
-        return self._model
-
-    @property
-    def context_window(self) -> int | None:
-        return self._context_window
-
     async def aclose(self) -> None:
         await self._client.close()
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
-        budget = request.max_output_tokens
-        if self._max_output_tokens is not None:
-            budget = min(budget, self._max_output_tokens)
+        budget = self.output_budget(request)
         system = (
             [{"type": "text", "text": request.system, "cache_control": _EPHEMERAL}]
             if request.system

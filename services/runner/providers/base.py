@@ -117,6 +117,32 @@ class ContextOverflow(ProviderError):
     """The request did not fit the model's context window."""
 
 
+class ConfiguredModel:
+    """What every provider is configured with: a model name, the window it
+    declares (if any) and an optional cap on output tokens."""
+
+    def __init__(
+        self, model: str, context_window: int | None, max_output_tokens: int | None
+    ) -> None:
+        self._model = model
+        self._context_window = context_window
+        self._max_output_tokens = max_output_tokens
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def context_window(self) -> int | None:
+        return self._context_window
+
+    def output_budget(self, request: ModelRequest) -> int:
+        """The request's output budget, capped by the loadout's maxOutputTokens."""
+        if self._max_output_tokens is None:
+            return request.max_output_tokens
+        return min(request.max_output_tokens, self._max_output_tokens)
+
+
 class Provider(Protocol):
     """A model provider. Implementations: scripted (offline), openai, anthropic."""
 

@@ -24,6 +24,7 @@ from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 from compaction.policy import is_context_overflow
 from services.runner.providers.base import (
     Completed,
+    ConfiguredModel,
     ContextOverflow,
     ModelRequest,
     ProviderError,
@@ -238,7 +239,7 @@ def provider_error(exc: OpenAIError) -> ProviderError:
     return ProviderError(message, retryable=retryable, status=status)
 
 
-class OpenAICompatible:
+class OpenAICompatible(ConfiguredModel):
     """A `Provider` for the chat-completions protocol."""
 
     def __init__(
@@ -251,9 +252,7 @@ class OpenAICompatible:
         max_output_tokens: int | None = None,
         timeout_s: float = 600.0,
     ) -> None:
-        self._model = model
-        self._context_window = context_window
-        self._max_output_tokens = max_output_tokens
+        super().__init__(model, context_window, max_output_tokens)
         self._client = AsyncOpenAI(
             api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout_s
         )
@@ -262,21 +261,11 @@ class OpenAICompatible:
     def name(self) -> str:
         return "openai"
 
-    @property
-    def model(self) -> str:
-        return self._model
-
-    @property
-    def context_window(self) -> int | None:
-        return self._context_window
-
     async def aclose(self) -> None:
         await self._client.close()
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
-        budget = request.max_output_tokens
-        if self._max_output_tokens is not None:
-            budget = min(budget, self._max_output_tokens)
+        budget = self.output_budget(request)
         tools = [
             {
                 "type": "function",
