@@ -22,9 +22,18 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from edge.errors import BadRequest, EdgeError, NotFound, PayloadTooLarge, error_response
+from compaction.transcript import request_messages
+from edge.errors import (
+    BadRequest,
+    EdgeError,
+    NotFound,
+    PayloadTooLarge,
+    error_response,
+    from_service_error,
+)
 from edge.gateway import Caller, Gateway
 from edge.openapi import OPENAPI
+from edge.runtime_ops import drain_runners, report
 from edge.streams import SessionStream, fact_json
 from services.common.errors import KeelError
 
@@ -126,8 +135,6 @@ def create_app(gateway: Gateway) -> Starlette:
                     status = error.status
                     return error.response()
                 except KeelError as error:
-                    from edge.errors import from_service_error
-
                     mapped = from_service_error(error)
                     status = mapped.status
                     return mapped.response()
@@ -229,8 +236,6 @@ def create_app(gateway: Gateway) -> Starlette:
         session_id = request.path_params["id"]
         view = await gateway.session(caller, session_id)
         at = _int_param(request, "at", view.head_seq, minimum=1)
-        from compaction.transcript import request_messages
-
         facts = [f for f in await gateway.ledger.read_all(session_id) if f.seq <= at]
         loadout = await gateway.kernel.get_loadout(caller.tenant_id)
         compactions = [f.seq for f in facts if f.kind == "compaction"]
@@ -297,13 +302,15 @@ def create_app(gateway: Gateway) -> Starlette:
         runtime_id = body.get("runtimeId")
         if runtime_id is not None and not isinstance(runtime_id, str):
             raise BadRequest("runtimeId must be a string")
-        result = await gateway_drain(gateway, mode, deadline, runtime_id)
+        # Drains one runner (runtimeId), or this runtime: its local runners
+        # and the edge's SSE clients. Inputs are accepted throughout.
+        result = await drain_runners(gateway, mode, deadline, runtime_id)
         return JSONResponse(result, status_code=202)
 
     @route("/v1/runtime/status", ["GET"], "runtime_status")
     async def runtime_status(request: Request, caller: Caller) -> Response:
         gateway.require_admin(caller)
-        return JSONResponse(await runtime_report(gateway))
+        return JSONResponse(await report(gateway))
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True})
@@ -356,19 +363,3 @@ def create_app(gateway: Gateway) -> Starlette:
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: method_not_allowed})
     app.state.gateway = gateway
     return app
-
-
-async def gateway_drain(
-    gateway: Gateway, mode: str, deadline_ms: int, runtime_id: str | None
-) -> dict[str, Any]:
-    """Drains one runner (runtimeId), or every runner this edge can reach plus
-    the edge's own SSE clients. Inputs keep being accepted throughout."""
-    from edge.runtime_ops import drain_runners
-
-    return await drain_runners(gateway, mode, deadline_ms, runtime_id)
-
-
-async def runtime_report(gateway: Gateway) -> dict[str, Any]:
-    from edge.runtime_ops import report
-
-    return await report(gateway)
