@@ -40,6 +40,10 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Ping idle peers so a connection that died without a FIN (a crashed
+    # host, a partition) is noticed in seconds, e.g. a runner's Attach stream.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.so_reuseport", 0),

@@ -14,12 +14,13 @@ kill it) are the named fault points.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from kernel import KernelClient, Lease, LeaseLost
 from kernel import StaleEpoch as KernelStaleEpoch
@@ -34,6 +35,7 @@ from services.runner.providers import (
     ModelRequest,
     Provider,
     ProviderError,
+    StreamEvent,
     TextDelta,
     ThinkingDelta,
     ToolCallDelta,
@@ -245,20 +247,24 @@ class Attempt:
         hub = self.services.hub
         completed: Completed | None = None
         first = True
-        async for event in self.provider.stream(request):
-            if isinstance(event, TextDelta):
-                hub.publish(self.session_id, Partial(generation, "text", event.text))
-            elif isinstance(event, ThinkingDelta):
-                hub.publish(self.session_id, Partial(generation, "thinking", event.text))
-            elif isinstance(event, ToolCallDelta):
-                hub.publish(
-                    self.session_id, Partial(generation, "tool_call", event.arguments_fragment)
-                )
-            elif isinstance(event, Completed):
-                completed = event
-            if first:
-                first = False
-                faults.hit("mid_stream")
+        # Closed even when the attempt is abandoned mid-stream (cancel, lost
+        # lease, handoff), so the provider's HTTP response is released at once.
+        events = self.provider.stream(request)
+        async with contextlib.aclosing(cast(AsyncGenerator[StreamEvent, None], events)) as stream:
+            async for event in stream:
+                if isinstance(event, TextDelta):
+                    hub.publish(self.session_id, Partial(generation, "text", event.text))
+                elif isinstance(event, ThinkingDelta):
+                    hub.publish(self.session_id, Partial(generation, "thinking", event.text))
+                elif isinstance(event, ToolCallDelta):
+                    hub.publish(
+                        self.session_id, Partial(generation, "tool_call", event.arguments_fragment)
+                    )
+                elif isinstance(event, Completed):
+                    completed = event
+                if first:
+                    first = False
+                    faults.hit("mid_stream")
         if completed is None:
             raise ProviderError("the model stream ended without an answer", retryable=True)
         return completed
