@@ -68,6 +68,7 @@ class Gateway:
         self._keys: dict[str, tuple[float, Caller]] = {}
         self._runners: dict[str, RunnerClient] = {}
         self._addresses: dict[str, str] = {}
+        self._tenants: dict[str, str] = {}
         # Runners living in this process (keel up): drained with the edge.
         self.local_runtime_ids: set[str] = set()
 
@@ -118,6 +119,18 @@ class Gateway:
             raise NotFound("no such session")
         return view
 
+    async def check_owner(self, caller: Caller, session_id: str) -> None:
+        """Like `session()`, without reading the session's state: a session's
+        tenant never changes, so it is remembered after the first look."""
+        tenant = self._tenants.get(session_id)
+        if tenant is None:
+            tenant = (await self.session(caller, session_id)).tenant_id
+            if len(self._tenants) > 100_000:
+                self._tenants.clear()
+            self._tenants[session_id] = tenant
+        if tenant != caller.tenant_id:
+            raise NotFound("no such session")
+
     # -- sessions and inputs --
 
     async def create_session(self, caller: Caller, session_id: str | None) -> str:
@@ -149,7 +162,7 @@ class Gateway:
         self, caller: Caller, session_id: str, body: Mapping[str, Any], retry_of: int | None = None
     ) -> tuple[int, bool]:
         """Commits an input then wakes the kernel; returns (seq, duplicate)."""
-        await self.session(caller, session_id)
+        await self.check_owner(caller, session_id)
         text = body.get("text")
         request_id = body.get("requestId")
         if not isinstance(text, str) or not isinstance(request_id, str):
@@ -189,7 +202,7 @@ class Gateway:
         return await self.commit_input(caller, session_id, body, retry_of=seq)
 
     async def cancel(self, caller: Caller, session_id: str) -> int:
-        await self.session(caller, session_id)
+        await self.check_owner(caller, session_id)
         try:
             appended = await self.ledger.append_one(session_id, "cancelled", {"reason": "client"})
             await self.kernel.enqueue(session_id, caller.tenant_id)
