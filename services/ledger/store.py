@@ -30,7 +30,7 @@ from eventsourcing.application import AggregateNotFoundError
 from eventsourcing.persistence import IntegrityError, PersistenceError
 
 from services.common.config import Settings
-from services.common.errors import ServiceUnavailable
+from services.common.errors import InternalError, ServiceUnavailable
 from services.ledger import facts as F
 from services.ledger.backend import (
     LedgerApplication,
@@ -231,7 +231,21 @@ class LedgerStore:
                     self._queue.put(_STOP)
                     break
                 batch.append(item)
-            carried = self._commit_batch(batch)
+            try:
+                carried = self._commit_batch(batch)
+            except Exception as error:  # a bug must not kill the only writer
+                log.exception("ledger writer failed on a batch")
+                with self._lock:
+                    for pending in batch:
+                        self._forget(pending.session_id)
+                self._deliver(
+                    [
+                        (p, InternalError(f"ledger writer failed: {error}"))
+                        for p in batch
+                        if not p.future.done() and (p.aio_future is None or not p.aio_future.done())
+                    ]
+                )
+                carried = []
 
     def _commit_batch(self, batch: list[_PendingAppend]) -> list[_PendingAppend]:
         """Commits one request per session; returns the rest for the next batch."""

@@ -73,3 +73,26 @@ def test_a_refused_request_leaves_its_session_untouched(settings: Settings) -> N
         assert store.view("s").owed_input_seqs == (2, 3)
     finally:
         store.close()
+
+
+def test_a_bug_in_one_batch_does_not_stop_the_writer(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.common.errors import InternalError
+    from services.ledger.domain import SessionStream
+
+    store = LedgerStore(settings)
+    try:
+        store.create_session("s", "t")
+        record = SessionStream.record
+
+        def broken(self: SessionStream, *args: object, **kwargs: object) -> object:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(SessionStream, "record", broken)
+        with pytest.raises(InternalError):
+            store.append("s", an_input("r1"), 0)
+        monkeypatch.setattr(SessionStream, "record", record)
+        assert store.append("s", an_input("r1"), 0)[0].seq == 2
+    finally:
+        store.close()
