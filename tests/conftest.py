@@ -8,15 +8,19 @@ machine, but with CI=true it fails: CI must never pass by skipping.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from services.common.config import Settings
+
+T = TypeVar("T")
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,3 +89,25 @@ def settings_env(settings: Settings) -> dict[str, str]:
         }
     )
     return env
+
+
+def start_at_once(factory: Callable[[], T], count: int = 4) -> tuple[list[T], list[BaseException]]:
+    """Runs `factory` on `count` threads released together, as replicas
+    starting at the same moment; returns what they built and what they raised."""
+    built: list[T] = []
+    errors: list[BaseException] = []
+    gate = threading.Barrier(count)
+
+    def start() -> None:
+        gate.wait()
+        try:
+            built.append(factory())
+        except BaseException as exc:  # reported to the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return built, errors

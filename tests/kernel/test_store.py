@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from kernel.database import Database
@@ -22,6 +20,7 @@ from kernel.errors import (
 from kernel.registry import Registration
 from kernel.tenancy import hash_key
 from services.common.config import Settings
+from tests.conftest import start_at_once
 from tests.kernel.conftest import Stores
 
 TTL = 1_000
@@ -284,20 +283,7 @@ def test_runtime_registry_and_handoffs(stores: Stores) -> None:
 
 
 def test_replicas_starting_at_once_create_the_schema_safely(pg_settings: Settings) -> None:
-    opened: list[Database] = []
-    errors: list[BaseException] = []
-
-    def start() -> None:
-        try:
-            opened.append(Database(pg_settings))
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=start) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    opened, errors = start_at_once(lambda: Database(pg_settings))
     try:
         assert not errors
         assert len(opened) == 4

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from services.common.config import Settings
 from services.ledger import LedgerClient
 from services.ledger.store import LedgerStore
-from tests.conftest import settings_env
+from tests.conftest import settings_env, start_at_once
 from tests.processes import ChildProcess
 
 
@@ -61,22 +60,7 @@ async def test_subscriber_on_one_sees_appends_through_the_other(
 
 
 def test_schema_creation_is_safe_with_replicas_starting_at_once(pg_settings: Settings) -> None:
-    stores: list[LedgerStore] = []
-    errors: list[BaseException] = []
-    gate = threading.Barrier(4)
-
-    def start() -> None:
-        gate.wait()
-        try:
-            stores.append(LedgerStore(pg_settings))
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=start) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    stores, errors = start_at_once(lambda: LedgerStore(pg_settings))
     try:
         assert errors == []
         assert stores[0].create_session("after-race", "t")
