@@ -4,6 +4,7 @@ that are JSON 4xx and never 5xx, probes, metrics and the OpenAPI document."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import AsyncIterator
 
 import httpx
@@ -271,3 +272,22 @@ async def test_probes_metrics_and_openapi(stack: Stack) -> None:
         assert page.headers["content-type"].startswith("text/html")
     finally:
         await anonymous.aclose()
+
+
+async def test_responses_are_not_held_back_by_nagle(stack: Stack) -> None:
+    """Every accepted HTTP connection has TCP_NODELAY.
+
+    Without it a response written in two parts (head, then body) waits for
+    the client's delayed ACK, about 40 ms, on every keep-alive request: that
+    was most of an input's latency before the edge named the TCP protocol on
+    its listening socket.
+    """
+    response = await stack.http.get("/openapi.json")  # keeps its connection open
+    assert response.status_code == 200
+    server = stack.edge._server
+    assert server is not None
+    transports = [connection.transport for connection in server.server_state.connections]
+    assert transports, "the client's keep-alive connection should still be open"
+    for transport in transports:
+        sock = transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
