@@ -46,6 +46,12 @@ class Settings:
     pg_schema: str = "public"
 
     @property
+    def tracing(self) -> bool:
+        """Whether gRPC calls carry spans: only when they go somewhere, since
+        the instrumentation costs every call a share of a turn's budget."""
+        return self.otel_exporter.lower() != "none"
+
+    @property
     def uses_postgres(self) -> bool:
         return self.database_url.startswith(("postgres://", "postgresql://"))
 

@@ -112,14 +112,20 @@ class RunningServer:
         await self.server.stop(grace)
 
 
+def _traced_methods() -> Any:
+    # Long-lived streams are not traced: a span per subscription says nothing,
+    # and the instrumentation cannot detach its context when a client cancels.
+    untraced = otel_filters.any_of(*(otel_filters.method_name(name) for name in STREAMING_METHODS))
+    return otel_filters.negate(untraced)
+
+
 async def serve_services(
     services: Sequence[GrpcService], address: str, settings: Settings
 ) -> RunningServer:
     """Starts one aio server hosting `services` on `address` ("host:port")."""
-    # Long-lived streams are not traced: a span per subscription says nothing,
-    # and the instrumentation cannot detach its context when a client cancels.
-    untraced = otel_filters.any_of(*(otel_filters.method_name(name) for name in STREAMING_METHODS))
-    interceptors: list[Any] = [aio_server_interceptor(filter_=otel_filters.negate(untraced))]
+    interceptors: list[Any] = []
+    if settings.tracing:
+        interceptors.append(aio_server_interceptor(filter_=_traced_methods()))
     if settings.internal_token:
         interceptors.insert(0, _TokenInterceptor(settings.internal_token))
     server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
@@ -170,8 +176,9 @@ class _TokenClientInterceptor(
 
 def open_channel(address: str, settings: Settings) -> grpc.aio.Channel:
     """An aio channel to a Keel service with tracing and the internal token."""
-    untraced = otel_filters.any_of(*(otel_filters.method_name(name) for name in STREAMING_METHODS))
-    interceptors: list[Any] = list(aio_client_interceptors(filter_=otel_filters.negate(untraced)))
+    interceptors: list[Any] = []
+    if settings.tracing:
+        interceptors.extend(aio_client_interceptors(filter_=_traced_methods()))
     if settings.internal_token:
         interceptors.append(_TokenClientInterceptor(settings.internal_token))
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
