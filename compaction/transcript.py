@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from compaction.policy import build_context, to_entries
+from compaction.policy import ContextEntry, MessageEntry, build_context, entry_from_dict, to_entries
 from services.ledger.facts import (
     ASSISTANT,
     COMPACTION,
@@ -157,6 +157,38 @@ def context_entries(
     return entries
 
 
+def parsed_context(
+    facts: Sequence[CommittedFact],
+    watermark: int | None = None,
+    memo: dict[int, MessageEntry] | None = None,
+) -> tuple[ContextEntry, ...]:
+    """`context_entries` parsed into the policy's values.
+
+    `memo` (seq -> parsed message) spares re-parsing the same history at every
+    turn. It is sound because a message entry depends only on its own fact and
+    the facts before it, which never change; compaction entries depend on
+    their position and are always parsed afresh.
+    """
+    raw_entries = context_entries(facts, watermark)
+    if memo is None:
+        return to_entries(raw_entries)
+    parsed: list[ContextEntry] = []
+    for position, raw in enumerate(raw_entries):
+        seq = raw["seq"]
+        entry: ContextEntry | None = memo.get(seq) if raw["type"] == "message" else None
+        if entry is None:
+            entry = entry_from_dict(raw, position)
+            if isinstance(entry, MessageEntry):
+                memo[seq] = entry
+        parsed.append(entry)
+    return tuple(parsed)
+
+
+def messages_of(entries: Sequence[ContextEntry]) -> tuple[dict[str, Any], ...]:
+    """The messages a request built from these context entries presents."""
+    return tuple(message.to_dict() for message in build_context(entries))
+
+
 def request_messages(
     facts: Sequence[CommittedFact], watermark: int | None = None
 ) -> tuple[dict[str, Any], ...]:
@@ -165,5 +197,4 @@ def request_messages(
     One function for the runner's requests and for "what did the model see at
     seq N", so the two can never disagree.
     """
-    entries = to_entries(context_entries(facts, watermark))
-    return tuple(message.to_dict() for message in build_context(entries))
+    return messages_of(parsed_context(facts, watermark))

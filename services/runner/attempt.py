@@ -22,6 +22,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+from compaction.policy import ContextEntry, MessageEntry
 from kernel import KernelClient, Lease, LeaseLost
 from kernel import StaleEpoch as KernelStaleEpoch
 from services.ledger import LedgerClient, StaleEpoch
@@ -125,6 +126,9 @@ class Attempt:
         self.attempt_id = lease.attempt_id or uuid.uuid4().hex
         self.watermark = 0
         self.facts: list[CommittedFact] = []
+        # seq -> parsed context message, kept across turns (and attempts).
+        self.parsed: dict[int, MessageEntry] = {}
+        self._context: tuple[int, int, tuple[ContextEntry, ...]] | None = None
         self.overflows_in_a_row = 0
 
     # -- ledger access --
@@ -133,6 +137,18 @@ class Attempt:
         after = self.facts[-1].seq if self.facts else 0
         self.facts.extend(await self.services.ledger.read_all(self.session_id, after))
         return self.facts
+
+    def context(self) -> tuple[ContextEntry, ...]:
+        """The context a request now presents, as the compaction policy's values.
+
+        Computed once per state of the facts: the compaction check and the
+        request of one turn share it.
+        """
+        key = (len(self.facts), self.watermark)
+        if self._context is None or self._context[:2] != key:
+            entries = T.parsed_context(self.facts, self.watermark, self.parsed)
+            self._context = (*key, entries)
+        return self._context[2]
 
     async def commit(self, kind: str, data: Mapping[str, Any]) -> int:
         try:
@@ -207,7 +223,7 @@ class Attempt:
         if compacted:
             self.boundary("after_compaction")
             return
-        messages = T.request_messages(self.facts, self.watermark)
+        messages = T.messages_of(self.context())
         request = ModelRequest(
             system=self.loadout.system_prompt,
             messages=messages,

@@ -39,9 +39,7 @@ from compaction.policy import (
     plan_compaction,
     resolve_context_window,
     settings_from_dict,
-    to_entries,
 )
-from compaction.transcript import context_entries
 from services.common.config import Settings
 from services.common.errors import KeelError, ServiceUnavailable
 from services.ledger.facts import COMPACTION, COMPACTION_FAILED, CommittedFact
@@ -97,7 +95,7 @@ class ServiceCompaction:
             return self._not_compacted(overflowed, f"invalid compaction settings: {error}")
         if not settings.enabled:
             return self._not_compacted(overflowed, "compaction is disabled for this tenant")
-        entries = to_entries(context_entries(facts, attempt.watermark))
+        entries = attempt.context()
         window = resolve_context_window(
             attempt.provider.context_window, self.default_context_window
         )

@@ -26,6 +26,8 @@ class RunnerConfig:
     handoff_deadline_ms: int = 30_000
     default_context_window: int = 128_000
     compaction_target: str = ""
+    # Facts kept in memory between attempts, over all sessions (0: none).
+    cached_facts: int = 100_000
 
     def resolved_runtime_id(self) -> str:
         return self.runtime_id or f"rt-{uuid.uuid4().hex[:12]}"
@@ -48,4 +50,5 @@ class RunnerConfig:
             sigterm_mode=mode,  # type: ignore[arg-type]
             default_context_window=int(env.get("KEEL_CONTEXT_WINDOW", "128000")),
             compaction_target=env.get("KEEL_COMPACTION_ADDRESS", ""),
+            cached_facts=int(env.get("KEEL_RUNNER_CACHED_FACTS", "100000")),
         )

@@ -33,6 +33,7 @@ from services.runner.attempt import (
     renew_until_lost,
 )
 from services.runner.config import RunnerConfig
+from services.runner.factcache import FactCache, SessionHistory
 from services.runner.hub import PartialHub
 from services.runner.providers import Provider, ProviderError, provider_from_loadout
 from services.runner.tools import CounterStore, Tool, ToolRegistry, builtin_tools
@@ -57,6 +58,7 @@ class Runtime:
         self.ledger = LedgerClient(config.ledger_target, settings)
         self.kernel = KernelClient(config.kernel_target, settings)
         self.hub = PartialHub()
+        self.fact_cache = FactCache(self.ledger, config.cached_facts)
         self.compaction: CompactionHook = compaction or NoCompaction()
         self.drain_mode = DRAIN_NONE
         self.in_flight: dict[str, asyncio.Task[None]] = {}
@@ -195,16 +197,24 @@ class Runtime:
             lease_ms=self.settings.lease_ms,
         )
         # The transcript and the loadout are independent: fetch both at once.
-        document, facts = await asyncio.gather(
+        document, history = await asyncio.gather(
             self.kernel.get_loadout(lease.tenant_id),
-            self.ledger.read_all(lease.session_id),
+            self.fact_cache.load(lease.session_id),
         )
         loadout = Loadout.from_document(document.revision, document.document)
         tools = ToolRegistry.for_loadout(
             loadout.tool_names, self._tools, self.config.tool_timeout_s
         )
         attempt = Attempt(services, lease, loadout, self._provider(loadout.model), tools)
-        attempt.facts.extend(facts)
+        attempt.facts, attempt.parsed = history.facts, history.parsed
+        try:
+            await self._work(attempt)
+        finally:
+            # Whatever the outcome, every fact it holds was committed.
+            self.fact_cache.keep(lease.session_id, SessionHistory(attempt.facts, attempt.parsed))
+
+    async def _work(self, attempt: Attempt) -> None:
+        lease = attempt.lease
         work = asyncio.current_task()
         assert work is not None
         lost = False

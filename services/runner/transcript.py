@@ -16,6 +16,8 @@ from compaction.transcript import (
     context_entries,
     context_head,
     fold_facts,
+    messages_of,
+    parsed_context,
     request_messages,
 )
 from services.ledger.facts import ASSISTANT, CANCELLED, INPUT, CommittedFact
@@ -28,7 +30,9 @@ __all__ = [
     "context_entries",
     "generation_id",
     "highest_input",
+    "messages_of",
     "owed",
+    "parsed_context",
     "request_messages",
 ]
 

@@ -1,0 +1,85 @@
+"""The facts of sessions this runner worked on recently, kept between attempts.
+
+A committed fact never changes and a session's seqs have no gaps, so a copy
+read earlier stays true forever: a new attempt on a session this runner has
+seen reads only the facts after the copy's tail, instead of the whole session
+on every claim (the cost of a turn would otherwise grow with the session's
+length). Nothing here decides what is owed; the attempt still works from the
+ledger's facts, only fewer of them travel.
+
+The facts an attempt committed itself are kept as it wrote them (see
+`Attempt.commit`): equal to the ledger's but for the timestamp, which the
+runner never reads.
+
+Each session's parsed context messages travel with its facts, for the same
+reason: a message parsed once never needs parsing again.
+
+Bounded by a total number of facts; the least recently used sessions go first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from compaction.policy import MessageEntry
+from services.ledger import LedgerClient
+from services.ledger.facts import CommittedFact
+
+
+@dataclass
+class SessionHistory:
+    """A session's facts from seq 1 on, and its context messages parsed so far."""
+
+    facts: list[CommittedFact] = field(default_factory=list)
+    # seq -> parsed message entry (see compaction.transcript.parsed_context)
+    parsed: dict[int, MessageEntry] = field(default_factory=dict)
+
+
+class FactCache:
+    def __init__(self, ledger: LedgerClient, max_facts: int) -> None:
+        self._ledger = ledger
+        self._max_facts = max_facts
+        self._sessions: OrderedDict[str, SessionHistory] = OrderedDict()
+        self._size = 0
+
+    @property
+    def size(self) -> int:
+        """Facts held, over every session."""
+        return self._size
+
+    async def load(self, session_id: str) -> SessionHistory:
+        """Every fact of the session: the kept copy plus what the ledger has after it.
+
+        The caller owns the returned history; give it back with `keep()`.
+        """
+        history = self._take(session_id)
+        after = history.facts[-1].seq if history.facts else 0
+        history.facts.extend(await self._ledger.read_all(session_id, after))
+        return history
+
+    def keep(self, session_id: str, history: SessionHistory) -> None:
+        """Remembers a session's history, if its facts are the complete prefix."""
+        self._take(session_id)
+        facts = history.facts
+        if not facts or not _complete_prefix(facts) or len(facts) > self._max_facts:
+            return
+        self._sessions[session_id] = history
+        self._size += len(facts)
+        while self._size > self._max_facts:
+            _, evicted = self._sessions.popitem(last=False)
+            self._size -= len(evicted.facts)
+
+    def _take(self, session_id: str) -> SessionHistory:
+        history = self._sessions.pop(session_id, None)
+        if history is None:
+            return SessionHistory()
+        self._size -= len(history.facts)
+        return history
+
+
+def _complete_prefix(facts: Sequence[CommittedFact]) -> bool:
+    # Seqs start at 1 and have no gaps: checking both ends is enough for a
+    # list built by appending facts in seq order.
+    return facts[0].seq == 1 and facts[-1].seq == len(facts)
