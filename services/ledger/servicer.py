@@ -164,8 +164,10 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
                 for fact in facts:
                     yield pb.SubscribeResponse(fact=fact_to_pb(fact))
                     cursor = fact.seq
-                if facts:
+                if len(facts) == SUBSCRIBE_BATCH:
                     continue
+                # A short page ended at the head: anything newer has set
+                # `woken` (cleared before the read), so wait without reading.
                 waits = [
                     asyncio.ensure_future(self._draining.wait()),
                     asyncio.ensure_future(woken.wait()),

@@ -171,7 +171,11 @@ class LedgerStore:
                 self._readers_changed.notify_all()
 
     def read(self, session_id: str, after_seq: int, limit: int) -> list[F.CommittedFact]:
-        return self.read_page(session_id, after_seq, limit)[0]
+        """Facts after `after_seq`, in one query: for a subscriber, which
+        checked once that the session exists and needs no head."""
+        with self._reading():
+            events = self.app.events.get(session_id, gt=after_seq, limit=limit)
+            return [to_committed(session_id, e) for e in events]
 
     def read_page(
         self, session_id: str, after_seq: int, limit: int
@@ -183,12 +187,13 @@ class LedgerStore:
         """
         with self._reading():
             events = list(self.app.events.get(session_id, gt=after_seq, limit=limit))
-            if not events and not self.exists(session_id):
-                raise SessionNotFound(f"no session {session_id!r}")
             facts = [to_committed(session_id, e) for e in events]
             if facts and len(facts) < limit:
                 return facts, facts[-1].seq
-            return facts, self.head(session_id)
+            head = self.head(session_id)
+            if head == 0:  # every session starts with its creation fact
+                raise SessionNotFound(f"no session {session_id!r}")
+            return facts, head
 
     def head(self, session_id: str) -> int:
         with self._reading():
