@@ -187,10 +187,16 @@ class Attempt:
 
     # -- the attempt --
 
-    async def start(self) -> None:
+    async def start(self) -> bool:
+        """Fixes the watermark and raises the fence; False when nothing is owed."""
         if not self.facts:
             await self.refresh()
         self.watermark = T.highest_input(self.facts)
+        if T.owed(self.facts, self.watermark).nothing:
+            # A wake-up that finds the work done (a cancel with nothing
+            # running, a duplicate input): nothing to write, so no fence to
+            # raise and no epoch fact to add to the session.
+            return False
         await self.commit(
             "epoch_started",
             {
@@ -201,6 +207,7 @@ class Attempt:
             },
         )
         faults.hit("after_watermark")
+        return True
 
     async def run_turns(self) -> None:
         """Turns until nothing up to the watermark is owed."""

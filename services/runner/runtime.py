@@ -292,7 +292,8 @@ class Runtime:
 
 async def drive(attempt: Attempt) -> None:
     """Runs the attempt's turns, interrupting the current step on a cancel."""
-    await attempt.start()
+    if not await attempt.start():
+        return
     while True:
         seen_cancel = max((f.seq for f in attempt.facts if f.kind == "cancelled"), default=0)
         work = asyncio.create_task(attempt.run_turns())

@@ -56,7 +56,13 @@ async def test_successor_finishes_after_sigkill(
     facts = await cluster.facts(session)
     assert_recovered(facts)
     starts = [f for f in facts if f.kind == "epoch_started"]
-    assert len(starts) >= 2, "the successor must have taken over with a new epoch"
+    if point == "after_final_before_finish":
+        # Everything was answered before the kill: the successor's claim
+        # (which `settled` waited for: the lease is released, nothing queued)
+        # finds nothing owed and writes nothing, not even an epoch.
+        assert len(starts) == 1, "nothing was owed, so the successor adds no fact"
+    else:
+        assert len(starts) >= 2, "the successor must have taken over with a new epoch"
     consumed = sorted(
         s for f in facts if f.kind == "assistant" for s in f.data.get("inputSeqs") or ()
     )
