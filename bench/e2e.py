@@ -6,8 +6,9 @@
   session; a fact is committed to the ledger and each client's arrival time
   is measured from the commit.
 
-Clients are raw asyncio connections with a minimal SSE reader, so the client
-side costs as little as possible on the same 2-core machine.
+The turn's client is an asyncio connection with a minimal SSE reader; the
+1000 followers share one epoll loop (bench/followers.py), so the client side
+costs as little as possible on the same 2-core machine.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import psycopg
 from psycopg import sql
 
 from bench.cluster import DEFAULT_URL
+from bench.followers import Followers
 from bench.turns import percentile
 
 BENCH_KEY = "keel-bench-key"
@@ -140,33 +142,7 @@ async def _run(url: str, port: int, turns: int, clients: int, facts: int) -> dic
         await stream.close()
 
         followed = (await http.post("/v1/sessions", json={})).json()["id"]
-        followers = await asyncio.gather(
-            *(
-                SseClient.open(port, f"/v1/sessions/{followed}/events?after=1", BENCH_KEY)
-                for _ in range(clients)
-            )
-        )
-        # The first round is not measured: a client's request returns its
-        # headers before the edge has read its backlog, so the first fact
-        # would time 1000 clients still attaching, not the broadcast.
-        for round_ in range(facts + WARMUP_FACTS):
-
-            async def arrive(client: SseClient) -> float:
-                while True:
-                    kind, _ = await client.next_event()
-                    if kind == "cancelled":
-                        return time.perf_counter()
-
-            waiting = [asyncio.create_task(arrive(c)) for c in followers]
-            await asyncio.sleep(0)
-            # From just before the commit (a cancel, through the edge): the
-            # request's own latency is included, so the figure is pessimistic.
-            committing = time.perf_counter()
-            await http.post(f"/v1/sessions/{followed}/cancel")
-            for arrived in await asyncio.gather(*waiting):
-                if round_ >= WARMUP_FACTS:
-                    arrivals.append((arrived - committing) * 1000)
-        await asyncio.gather(*(c.close() for c in followers))
+    arrivals = await asyncio.to_thread(_time_broadcasts, port, followed, clients, facts)
     return {
         "benchmark": "e2e",
         "database": "postgresql",
@@ -182,6 +158,26 @@ async def _run(url: str, port: int, turns: int, clients: int, facts: int) -> dic
             "sse_1000_clients_p99_ms": 50,
         },
     }
+
+
+def _time_broadcasts(port: int, session: str, clients: int, facts: int) -> list[float]:
+    """Commit (a cancel, through the edge) -> arrival at each of `clients`
+    SSE clients of the session, over `facts` commits."""
+    followers = Followers(port, f"/v1/sessions/{session}/events?after=1", BENCH_KEY, clients)
+    arrivals: list[float] = []
+    try:
+        # The first rounds are not measured: a client's request returns its
+        # headers before the edge has read its backlog, so the first fact
+        # would time 1000 clients still attaching, not the broadcast.
+        for round_ in range(facts + WARMUP_FACTS):
+            # Timed from just before the POST: the request's own latency is
+            # included, so the figure is pessimistic.
+            arrived = followers.post_and_time(f"/v1/sessions/{session}/cancel", "cancelled")
+            if round_ >= WARMUP_FACTS:
+                arrivals.extend(arrived)
+    finally:
+        followers.close()
+    return arrivals
 
 
 def measure(
