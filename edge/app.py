@@ -114,6 +114,11 @@ def _int_param(request: Request, name: str, default: int, minimum: int = 0) -> i
     return value
 
 
+def _session_id(request: Request, caller: Caller) -> str:
+    """The ledger's id of the session named in the path (ids are per tenant)."""
+    return Gateway.ledger_session_id(caller, request.path_params["id"])
+
+
 def create_app(gateway: Gateway) -> Starlette:
     metrics = Metrics()
 
@@ -160,10 +165,10 @@ def create_app(gateway: Gateway) -> Starlette:
 
     @route("/v1/sessions/{id}", ["GET"], "get_session")
     async def get_session(request: Request, caller: Caller) -> Response:
-        view = await gateway.session(caller, request.path_params["id"])
+        view = await gateway.session(caller, _session_id(request, caller))
         return JSONResponse(
             {
-                "id": view.session_id,
+                "id": gateway.public_session_id(view.session_id),
                 "headSeq": view.head_seq,
                 "status": await gateway.status_of(view),
                 "owedInputs": list(view.owed_input_seqs),
@@ -174,25 +179,25 @@ def create_app(gateway: Gateway) -> Starlette:
     @route("/v1/sessions/{id}/inputs", ["POST"], "post_input")
     async def post_input(request: Request, caller: Caller) -> Response:
         body = await _json_body(request)
-        seq, duplicate = await gateway.commit_input(caller, request.path_params["id"], body)
+        seq, duplicate = await gateway.commit_input(caller, _session_id(request, caller), body)
         return JSONResponse({"seq": seq}, status_code=200 if duplicate else 202)
 
     @route("/v1/sessions/{id}/retry", ["POST"], "retry_input")
     async def retry_input(request: Request, caller: Caller) -> Response:
         body = await _json_body(request)
-        session_id = request.path_params["id"]
+        session_id = _session_id(request, caller)
         await gateway.session(caller, session_id)
         seq, _ = await gateway.retry(caller, session_id, body.get("seq"))
         return JSONResponse({"seq": seq}, status_code=202)
 
     @route("/v1/sessions/{id}/cancel", ["POST"], "cancel")
     async def cancel(request: Request, caller: Caller) -> Response:
-        seq = await gateway.cancel(caller, request.path_params["id"])
+        seq = await gateway.cancel(caller, _session_id(request, caller))
         return JSONResponse({"seq": seq}, status_code=202)
 
     @route("/v1/sessions/{id}/events", ["GET"], "events")
     async def events(request: Request, caller: Caller) -> Response:
-        session_id = request.path_params["id"]
+        session_id = _session_id(request, caller)
         view = await gateway.session(caller, session_id)
         cursor_header = request.headers.get("last-event-id")
         if cursor_header is not None and cursor_header != "":
@@ -233,7 +238,7 @@ def create_app(gateway: Gateway) -> Starlette:
 
     @route("/v1/sessions/{id}/context", ["GET"], "context")
     async def context(request: Request, caller: Caller) -> Response:
-        session_id = request.path_params["id"]
+        session_id = _session_id(request, caller)
         view = await gateway.session(caller, session_id)
         at = _int_param(request, "at", view.head_seq, minimum=1)
         facts = [f for f in await gateway.ledger.read_all(session_id) if f.seq <= at]

@@ -3,6 +3,11 @@
 The edge owns nothing durable about sessions: inputs are committed to the
 ledger first (idempotent by requestId), then the kernel is woken. It finds a
 session's owner through the kernel to attach to the runner's partial hub.
+
+Session ids are per tenant, as workflow ids are per namespace in Temporal:
+the id a client sees is `<id>`, the ledger's is `<tenant>:<id>`. Two tenants
+may use the same id, and creating one never reveals that another tenant
+has it.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -37,6 +43,8 @@ log = logging.getLogger("keel.edge")
 
 AUTH_CACHE_S = 30.0
 MAX_TEXT_CHARS = 256 * 1024
+# No ':' in a client's session id, so `<tenant>:<id>` splits one way only.
+_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -133,27 +141,52 @@ class Gateway:
 
     # -- sessions and inputs --
 
+    @staticmethod
+    def ledger_session_id(caller: Caller, session_id: str) -> str:
+        """The ledger's id of the caller's session `session_id`."""
+        if not _SESSION_ID.match(session_id):
+            raise BadRequest(
+                "a session id is 1-64 characters of letters, digits, '_.-', "
+                f"got {session_id[:80]!r}"
+            )
+        ledger_id = f"{caller.tenant_id}:{session_id}"
+        if len(ledger_id) > 128:
+            raise BadRequest("this session id is too long for this tenant's id")
+        return ledger_id
+
+    @staticmethod
+    def public_session_id(ledger_id: str) -> str:
+        return ledger_id.rpartition(":")[2]
+
     async def create_session(self, caller: Caller, session_id: str | None) -> str:
+        """Creates the caller's session (`session_id` or a new one); its public id."""
         session_id = session_id or f"s-{uuid.uuid4().hex[:16]}"
+        ledger_id = self.ledger_session_id(caller, session_id)
         try:
-            check_id(session_id, "session id")
-            created = await self.ledger.create_session(session_id, caller.tenant_id)
+            created = await self.ledger.create_session(ledger_id, caller.tenant_id)
         except KeelError as error:
             raise from_service_error(error) from None
         if not created:
-            raise Conflict("a session with this id exists already")
+            raise Conflict("you have a session with this id already")
         return session_id
 
     async def list_sessions(self, caller: Caller) -> list[dict[str, Any]]:
+        """The caller's sessions: one range of the ledger's ids, `<tenant>:…`."""
+        prefix = f"{caller.tenant_id}:"
         out: list[dict[str, Any]] = []
-        after = ""
+        after = prefix
         while True:
             page = await self.ledger.list_sessions(after, 1000)
-            out.extend(
-                {"id": s.session_id, "headSeq": s.head_seq}
-                for s in page
-                if s.tenant_id == caller.tenant_id
-            )
+            for summary in page:
+                if not summary.session_id.startswith(prefix):
+                    return out
+                if summary.tenant_id == caller.tenant_id:
+                    out.append(
+                        {
+                            "id": self.public_session_id(summary.session_id),
+                            "headSeq": summary.head_seq,
+                        }
+                    )
             if len(page) < 1000:
                 return out
             after = page[-1].session_id

@@ -18,7 +18,9 @@ _ERRORS = {
     "401": _json(_ref("Error"), "Missing or unknown API key"),
     "404": _json(_ref("Error"), "No such session (or another tenant's)"),
 }
-_SESSION_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+# Session ids are per tenant: two tenants may each have a session "s-1".
+_ID_SCHEMA = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.\\-]{0,63}$"}
+_SESSION_ID = {"name": "id", "in": "path", "required": True, "schema": _ID_SCHEMA}
 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -63,7 +65,19 @@ OPENAPI: dict[str, Any] = {
         "/v1/sessions": {
             "post": {
                 "summary": "Create a session for the key's tenant",
-                "responses": {"201": _json({"type": "object"}), **_ERRORS},
+                "description": "With `id`, that id (unique within the tenant); else a new one.",
+                "requestBody": {
+                    "content": {
+                        "application/json": {
+                            "schema": {"type": "object", "properties": {"id": _ID_SCHEMA}}
+                        }
+                    }
+                },
+                "responses": {
+                    "201": _json({"type": "object", "properties": {"id": _ID_SCHEMA}}),
+                    "409": _json(_ref("Error"), "The tenant has a session with this id"),
+                    **_ERRORS,
+                },
             },
             "get": {"summary": "List the tenant's sessions", "responses": {"200": _json({})}},
         },

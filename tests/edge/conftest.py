@@ -24,6 +24,7 @@ from edge.gateway import EdgeConfig, Gateway
 from edge.server import EdgeServer
 from services.cli.chat import SseEvent, SseParser
 from services.common.config import Settings
+from services.ledger import CommittedFact
 from services.ledger.client import FactToAppend
 from services.runner.config import RunnerConfig
 from services.runner.server import RunnerServer
@@ -61,6 +62,14 @@ class Stack:
             f"/v1/sessions/{session_id}/inputs", json={"text": text, "requestId": request_id}
         )
 
+    @staticmethod
+    def ledger_id(session_id: str, tenant: str = "default") -> str:
+        """The ledger's id of a session the edge calls `session_id`."""
+        return f"{tenant}:{session_id}"
+
+    async def facts(self, session_id: str) -> list[CommittedFact]:
+        return await self.cluster.facts(self.ledger_id(session_id))
+
     async def append_inputs(self, session_id: str, count: int, prefix: str = "bulk") -> int:
         """Commits `count` input facts straight to the ledger; returns the head."""
         head = 0
@@ -69,7 +78,7 @@ class Stack:
                 FactToAppend("input", {"text": f"{prefix} {i}", "requestId": f"{prefix}-{i}"})
                 for i in range(start, min(start + 250, count))
             ]
-            appended = await self.cluster.ledger.append(session_id, batch)
+            appended = await self.cluster.ledger.append(self.ledger_id(session_id), batch)
             head = appended[-1].seq
         return head
 

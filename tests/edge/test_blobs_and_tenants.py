@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 
 import httpx
@@ -94,7 +95,7 @@ async def test_blob_upload_resumes_after_an_interrupted_chunk(stack: Stack) -> N
         json={"text": "read this", "requestId": "with-blob", "blobs": [blob_id]},
     )
     assert accepted.status_code == 202, accepted.text
-    facts = await stack.cluster.facts(session)
+    facts = await stack.facts(session)
     assert facts[-1].kind == "input" and facts[-1].data["blobs"] == [blob_id]
 
     missing_offset = await http.patch(f"/v1/blobs/{blob_id}", content=b"x")
@@ -139,28 +140,40 @@ async def test_tenants_are_isolated(stack: Stack) -> None:
             "blob patch": await other.patch(
                 f"/v1/blobs/{blob}", content=b"abc", headers={"Upload-Offset": "0"}
             ),
-            "duplicate id": await other.post("/v1/sessions", json={"id": session}),
         }
         for name, response in refusals.items():
-            expected = 409 if name == "duplicate id" else 404
-            assert response.status_code == expected, (name, response.status_code, response.text)
+            assert response.status_code == 404, (name, response.status_code, response.text)
         for name in ("get", "input", "events", "cancel", "retry"):
             assert "secret" not in refusals[name].text
-        # Its own list does not show the other tenant's session; its own does.
-        own = await other.post("/v1/sessions", json={})
-        assert own.status_code == 201
+        # Session ids are per tenant: B may use the same id, which names B's
+        # own, empty session (creating it reveals nothing of the default one).
+        own = await other.post("/v1/sessions", json={"id": session})
+        assert own.status_code == 201, own.text
         own_id = own.json()["id"]
+        assert own_id == session
+        again = await other.post("/v1/sessions", json={"id": session})
+        assert_error(again, 409)
+        mine = (await other.get(f"/v1/sessions/{own_id}")).json()
+        assert mine["id"] == session and mine["owedInputs"] == []
+        page = (await other.get(f"/v1/sessions/{own_id}/events?format=json")).json()
+        assert "secret" not in json.dumps(page)
+        assert [f["kind"] for f in page["facts"]] == ["session_created"]
+        # Its own list does not show the other tenant's session; its own does.
         listed = [s["id"] for s in (await other.get("/v1/sessions")).json()["sessions"]]
         assert listed == [own_id]
         default_listed = [
             s["id"] for s in (await stack.http.get("/v1/sessions")).json()["sessions"]
         ]
-        assert session in default_listed and own_id not in default_listed
-        # And the default tenant cannot reach tenant B's session either.
-        assert (await stack.http.get(f"/v1/sessions/{own_id}")).status_code == 404
+        assert default_listed.count(session) == 1
+        # And the default tenant cannot reach tenant B's sessions either.
+        b_only = (await other.post("/v1/sessions", json={})).json()["id"]
+        assert (await stack.http.get(f"/v1/sessions/{b_only}")).status_code == 404
+        assert b_only not in [
+            s["id"] for s in (await stack.http.get("/v1/sessions")).json()["sessions"]
+        ]
 
         # Nothing reached the ledger from tenant B's refused calls.
-        facts = await stack.cluster.facts(session)
+        facts = await stack.facts(session)
         assert [f.data["requestId"] for f in facts if f.kind == "input"] == ["secret-1"]
         assert not [f for f in facts if f.kind == "cancelled"]
 

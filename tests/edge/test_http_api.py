@@ -47,7 +47,7 @@ async def test_inputs_are_idempotent_by_request_id(stack: Stack) -> None:
     assert second.json()["seq"] == seq + 1
 
     # The ledger holds each input once, the conflicting body never.
-    facts = await stack.cluster.facts(session)
+    facts = await stack.facts(session)
     inputs = [f for f in facts if f.kind == "input"]
     assert [(f.seq, f.data["requestId"], f.data["text"]) for f in inputs] == [
         (seq, "req-1", "hello"),
@@ -104,6 +104,9 @@ async def test_bad_requests_are_json_4xx_never_5xx(stack: Stack) -> None:
         ),
         ("session id not a string", await http.post("/v1/sessions", json={"id": 7}), 400),
         ("bad session id chars", await http.post("/v1/sessions", json={"id": "a b/c"}), 400),
+        # ':' separates tenant and id in the ledger: never part of a client's id.
+        ("colon in session id", await http.post("/v1/sessions", json={"id": "x:y"}), 400),
+        ("colon in a path id", await http.get("/v1/sessions/default:x"), 400),
         ("duplicate session id", await http.post("/v1/sessions", json={"id": session}), 409),
         ("unknown session", await http.get("/v1/sessions/no-such-session"), 404),
         (
@@ -243,7 +246,7 @@ async def test_bad_requests_are_json_4xx_never_5xx(stack: Stack) -> None:
     assert not failures, "\n".join(failures)
 
     # Nothing of the refused inputs reached the ledger.
-    assert [f for f in await stack.cluster.facts(session) if f.kind == "input"] == []
+    assert [f for f in await stack.facts(session) if f.kind == "input"] == []
 
 
 async def test_probes_metrics_and_openapi(stack: Stack) -> None:

@@ -116,7 +116,7 @@ async def test_fuzzed_disconnects_while_facts_commit(stack: Stack) -> None:
                 FactToAppend("input", {"text": f"w {batch}.{i}", "requestId": f"w-{batch}-{i}"})
                 for i in range(writer_rng.randint(1, 3))
             ]
-            await stack.cluster.ledger.append(session, facts)
+            await stack.cluster.ledger.append(stack.ledger_id(session), facts)
             batch += 1
         return batch
 
@@ -135,7 +135,7 @@ async def test_fuzzed_disconnects_while_facts_commit(stack: Stack) -> None:
         stop_writing.set()
         batches = await writing
         assert batches > 0
-        head = (await stack.cluster.ledger.get_session(session)).head_seq
+        head = (await stack.cluster.ledger.get_session(stack.ledger_id(session))).head_seq
         if received[-1] < head:
             async with SseReader(stack.http, session, last_event_id=str(received[-1])) as sse:
                 seen: list[SseEvent] = []
@@ -203,8 +203,8 @@ async def test_stream_goes_on_across_a_runner_sigkill(stack: Stack) -> None:
             resume(), staying.until(final_answer, into=staying_events, deadline_s=60)
         )
 
-    await cluster.settled(session)
-    facts = await cluster.facts(session)
+    await cluster.settled(stack.ledger_id(session))
+    facts = await stack.facts(session)
     head = facts[-1].seq
     for events in (staying_events, moving_events):
         seqs = fact_seqs(events)
