@@ -12,7 +12,9 @@ repeat at the seam (facts at or below the client's cursor are skipped; a gap
 in the broadcast, which a slow consumer can cause, is filled from the ledger).
 
 Partials (`Partial`, `StatusChange`) come from the session's owner. The watch
-re-attaches whenever an `epoch_started` fact shows that the owner changed.
+re-attaches whenever an `epoch_started` fact shows that the owner changed;
+the fact names the owner's runtime, so the kernel is asked only when a
+client joins mid-attempt.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ class Drain:
 
 DRAIN = Drain()
 Live: TypeAlias = CommittedFact | Partial | StatusChange | Drain
+# session id -> its owner's runner; runtime id -> that runtime's runner.
 OwnerLookup = Callable[[str], Awaitable[RunnerClient | None]]
+RunnerLookup = Callable[[str], Awaitable[RunnerClient | None]]
 
 
 class SessionFanout:
@@ -50,6 +54,8 @@ class SessionFanout:
         self._clients: set[asyncio.Queue[object]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._owner_changed = asyncio.Event()
+        # The runtime named by the latest epoch_started not yet attached to.
+        self._owner_hint = ""
         self.status: StatusChange = IDLE
 
     def join(self) -> asyncio.Queue[object]:
@@ -93,6 +99,7 @@ class SessionFanout:
             async for fact in ledger.subscribe(self._session_id, head):
                 self._broadcast(fact)
                 if fact.kind == "epoch_started":
+                    self._owner_hint = str(fact.data.get("runtimeId") or "")
                     self._owner_changed.set()
         except KeelError as error:
             log.info("fan-out of %s ended: %s", self._session_id, error)
@@ -103,7 +110,11 @@ class SessionFanout:
         while True:
             await self._owner_changed.wait()
             self._owner_changed.clear()
-            runner = await self._hub.owner_of(self._session_id)
+            hint, self._owner_hint = self._owner_hint, ""
+            if hint:
+                runner = await self._hub.runner_of(hint)
+            else:
+                runner = await self._hub.owner_of(self._session_id)
             if runner is None:
                 continue
             with contextlib.suppress(KeelError):
@@ -117,9 +128,12 @@ class SessionFanout:
 
 
 class FanoutHub:
-    def __init__(self, ledger: LedgerClient, owner_of: OwnerLookup) -> None:
+    def __init__(
+        self, ledger: LedgerClient, owner_of: OwnerLookup, runner_of: RunnerLookup
+    ) -> None:
         self.ledger = ledger
         self.owner_of = owner_of
+        self.runner_of = runner_of
         self.draining = False
         self._sessions: dict[str, SessionFanout] = {}
 

@@ -69,7 +69,7 @@ class Gateway:
         self.blobs = blobs
         self.ledger = LedgerClient(config.ledger_target, settings)
         self.kernel = KernelClient(config.kernel_target, settings)
-        self.fanout = FanoutHub(self.ledger, self._owner_runner)
+        self.fanout = FanoutHub(self.ledger, self._owner_runner, self.runner)
         self.edge_id = f"edge-{uuid.uuid4().hex[:12]}"
         self.draining = asyncio.Event()
         self.drain_mode = "none"
