@@ -41,6 +41,7 @@ from services.runner.tools import CounterStore, Tool, ToolRegistry, builtin_tool
 log = logging.getLogger("keel.runner")
 
 DRAIN_NONE, DRAIN_HANDOFF, DRAIN_SHUTDOWN = "none", "handoff", "shutdown"
+CANCEL_WATCH_DELAY_S = 0.1
 
 
 class Runtime:
@@ -315,6 +316,11 @@ async def drive(attempt: Attempt) -> None:
 
 async def _cancel_arrives(attempt: Attempt, seen_cancel: int) -> None:
     after = attempt.facts[-1].seq if attempt.facts else 0
+    # Most attempts are over before this: they never open a subscription (a
+    # ledger stream, reads on every commit). Nothing is missed by waiting,
+    # since the subscription starts from `after`; a cancel only interrupts
+    # up to this much later.
+    await asyncio.sleep(CANCEL_WATCH_DELAY_S)
     async for fact in attempt.services.ledger.subscribe(attempt.session_id, after):
         if fact.kind == "cancelled" and fact.seq > seen_cancel:
             return
