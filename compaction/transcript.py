@@ -186,7 +186,13 @@ def parsed_context(
 
 def messages_of(entries: Sequence[ContextEntry]) -> tuple[dict[str, Any], ...]:
     """The messages a request built from these context entries presents."""
-    return tuple(message.to_dict() for message in build_context(entries))
+    return presented_request(entries)[0]
+
+
+def presented_request(entries: Sequence[ContextEntry]) -> tuple[tuple[dict[str, Any], ...], int]:
+    """`messages_of(entries)`, and the policy's token estimate of those messages."""
+    presented = build_context(entries)
+    return tuple(m.to_dict() for m in presented), sum(m.tokens for m in presented)
 
 
 def request_messages(

@@ -230,13 +230,14 @@ class Attempt:
         if compacted:
             self.boundary("after_compaction")
             return
-        messages = T.messages_of(self.context())
+        messages, messages_tokens = T.presented_request(self.context())
         request = ModelRequest(
             system=self.loadout.system_prompt,
             messages=messages,
             tools=self.tools.specs,
             max_output_tokens=self.loadout.max_output_tokens,
             attempt=self.lease.failures + 1,
+            messages_tokens=messages_tokens,
         )
         generation = T.generation_id(owed.context_head_seq)
         try:

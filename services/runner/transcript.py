@@ -18,6 +18,7 @@ from compaction.transcript import (
     fold_facts,
     messages_of,
     parsed_context,
+    presented_request,
     request_messages,
 )
 from services.ledger.facts import ASSISTANT, CANCELLED, INPUT, CommittedFact
@@ -33,6 +34,7 @@ __all__ = [
     "messages_of",
     "owed",
     "parsed_context",
+    "presented_request",
     "request_messages",
 ]
 

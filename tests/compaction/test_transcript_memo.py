@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from compaction.transcript import messages_of, parsed_context, request_messages
+from compaction.policy import message_from_dict
+from compaction.transcript import (
+    messages_of,
+    parsed_context,
+    presented_request,
+    request_messages,
+)
 from services.ledger.facts import CommittedFact
 
 
@@ -75,3 +81,12 @@ def test_a_remembered_message_is_not_parsed_again() -> None:
     again = parsed_context(facts, None, memo)
     assert all(a is b for a, b in zip(first, again, strict=True) if a.seq in memo)
     assert any(entry.seq not in memo for entry in again), "compactions are parsed afresh"
+
+
+def test_the_presented_estimate_is_the_estimate_of_the_messages_sent() -> None:
+    """The runner hands providers its token estimate instead of having them
+    re-parse the request: it must be what re-parsing would give."""
+    facts = _session()
+    for head in range(1, len(facts) + 1):
+        messages, tokens = presented_request(parsed_context(facts[:head]))
+        assert tokens == sum(message_from_dict(m).tokens for m in messages)

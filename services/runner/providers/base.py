@@ -43,6 +43,9 @@ class ModelRequest:
     purpose: Purpose = "turn"
     # 1 for the first attempt at this context, 2 for the first retry, ...
     attempt: int = 1
+    # The compaction policy's token estimate of `messages`, when the caller
+    # has it already (the runner does): spares re-parsing the whole context.
+    messages_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -70,10 +70,12 @@ def split_tokens(text: str) -> list[str]:
 
 def estimate_request_tokens(request: ModelRequest) -> int:
     """The policy's estimate of what the request presents: system + messages."""
-    try:
-        messages = sum(message_from_dict(message).tokens for message in request.messages)
-    except ValueError as exc:
-        raise ProviderError(f"scripted model cannot read the request: {exc}") from exc
+    messages = request.messages_tokens
+    if messages is None:
+        try:
+            messages = sum(message_from_dict(message).tokens for message in request.messages)
+        except ValueError as exc:
+            raise ProviderError(f"scripted model cannot read the request: {exc}") from exc
     return estimate_text_tokens(request.system) + messages
 
 
