@@ -1,7 +1,7 @@
 """`keel bench turns`: input committed -> final answer committed, through the runner.
 
-50 sessions each run sequential turns against the instant scripted model on
-PostgreSQL; latency is measured from the input's commit (the Append returning)
+N sessions (50 by default) each run sequential turns against the instant
+scripted model on PostgreSQL; latency is measured from the input's commit (the Append returning)
 to the moment the session's final answer is visible in the ledger stream.
 """
 
@@ -61,7 +61,7 @@ async def _run(database_url: str | None, sessions: int, turns: int) -> dict[str,
         "benchmark": "turns",
         "sessions": sessions,
         "turns_per_session": turns,
-        "turns_per_s_50_sessions": round(len(latencies) / elapsed, 1),
+        "turns_per_s": round(len(latencies) / elapsed, 1),
         "latency_p50_ms": round(statistics.median(latencies), 2),
         "latency_p99_ms": round(percentile(latencies, 0.99), 2),
     }

@@ -280,11 +280,16 @@ def bench_kernel(database_url: DatabaseUrl = None, as_json: JsonFlag = False) ->
 
 
 @bench_app.command("turns")
-def bench_turns(database_url: DatabaseUrl = None, as_json: JsonFlag = False) -> None:
-    """Input committed -> final answer committed, 50 sessions, instant model."""
+def bench_turns(
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+    sessions: Annotated[int, typer.Option(min=1, help="sessions running at once")] = 50,
+    turns: Annotated[int, typer.Option(min=1, help="turns per session")] = 10,
+) -> None:
+    """Input committed -> final answer committed, concurrent sessions, instant model."""
     from bench.turns import measure
 
-    _print_json(measure(database_url), as_json)
+    _print_json(measure(database_url, sessions, turns), as_json)
 
 
 @bench_app.command("e2e")
