@@ -22,24 +22,21 @@ import contextlib
 import json
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TextIO
 from urllib.parse import quote
 
 import httpx
-from rich.console import Console, Group, RenderableType
-from rich.live import Live
+from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
+
+from services.cli.chat_view import ChatView, SseEvent, SseParser
 
 HELP = (
     "Type a message and press Enter. Commands: :retry <seq>  :cancel  :quit  :help. "
     "Model commands (/slow, /tool, /think, /fail, /long) go to the model as text."
 )
-CANCELLED_STOP = "cancelled"
 RECONNECT_MIN_S = 0.5
 RECONNECT_MAX_S = 15.0
 # Longer than the edge's keep-alive interval: a silent connection this long
@@ -49,9 +46,6 @@ REQUEST_TIMEOUT_S = 10.0
 # Inputs are idempotent by requestId, so a failed POST is simply resent.
 INPUT_POST_ATTEMPTS = 3
 SETTLE_POLL_S = 0.2
-# A partial that received nothing for this long belongs to a dead attempt
-# once a new epoch starts (deltas carry no epoch of their own).
-QUIET_PARTIAL_S = 1.0
 
 
 class ChatError(Exception):
@@ -60,263 +54,6 @@ class ChatError(Exception):
 
 class _Retryable(Exception):
     """A failure of the event stream worth a reconnect (a 5xx, a 429)."""
-
-
-# ------------------------------------------------------------------ SSE
-
-
-@dataclass(frozen=True)
-class SseEvent:
-    event: str
-    data: str
-    # The `id:` of this event only (None when it had none). Unlike the
-    # browser's lastEventId it does not carry over: partials have no id.
-    id: str | None
-
-
-class SseParser:
-    """The text/event-stream format, fed one line at a time (line endings
-    already removed). An event is dispatched at the blank line ending it, so
-    an event cut off by a broken connection is never dispatched."""
-
-    def __init__(self) -> None:
-        self._event = ""
-        self._data: list[str] = []
-        self._id: str | None = None
-
-    def feed(self, line: str) -> SseEvent | None:
-        if line == "":
-            return self._dispatch()
-        if line.startswith(":"):
-            return None  # a comment: the edge's keep-alive
-        name, colon, value = line.partition(":")
-        if colon and value.startswith(" "):
-            value = value[1:]
-        if name == "event":
-            self._event = value
-        elif name == "data":
-            self._data.append(value)
-        elif name == "id" and "\0" not in value:
-            self._id = value
-        # `retry:` and unknown fields are ignored: reconnects are paced here.
-        return None
-
-    def _dispatch(self) -> SseEvent | None:
-        event = None
-        if self._data:
-            event = SseEvent(self._event or "message", "\n".join(self._data), self._id)
-        self._event, self._data, self._id = "", [], None
-        return event
-
-
-# ----------------------------------------------------------------- view
-
-
-def _as_text(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def _compaction_headline(data: Mapping[str, Any]) -> str:
-    before, after = data.get("tokensBefore"), data.get("tokensAfter")
-    headline = "context compacted"
-    if isinstance(before, int) and isinstance(after, int):
-        headline += f": {before} → {after} tokens"
-    elif isinstance(before, int):
-        headline += f": {before} tokens summarized"
-    span = data.get("summarized")
-    if isinstance(span, list) and len(span) == 2:
-        headline += f" (facts #{span[0]} to #{span[1]} summarized)"
-    return headline
-
-
-def render_fact(fact: Mapping[str, Any], tool_names: Mapping[str, str]) -> RenderableType | None:
-    """How one committed fact looks in the terminal (None: not shown)."""
-    kind = str(fact.get("kind"))
-    data: Mapping[str, Any] = fact.get("data") or {}
-    line = Text()
-    line.append(f"#{fact.get('seq')} ", style="dim")
-    if kind == "input":
-        line.append("you", style="bold cyan")
-        if data.get("retryOf"):
-            line.append(f" (retry of #{data['retryOf']})", style="dim")
-        line.append(": ")
-        line.append(str(data.get("text", "")))
-        return line
-    if kind == "assistant":
-        return _render_assistant(line, data)
-    if kind == "tool_result":
-        name = tool_names.get(str(data.get("toolCallId")), str(data.get("toolCallId")))
-        failed = bool(data.get("isError"))
-        line.append(f"← {name} {'failed' if failed else 'returned'}: ", style="magenta")
-        line.append(_as_text(data.get("content", "")), style="red" if failed else "")
-        return line
-    if kind == "compaction":
-        line.append(f"⚙ {_compaction_headline(data)}", style="green")
-        summary = str(data.get("summary", "")).strip()
-        if not summary:
-            return line
-        return Group(line, Text(summary, style="dim green"))
-    if kind == "epoch_started":
-        return None  # every claim starts one; users care about answers, not owners
-    notices = {
-        "session_created": ("session created", "dim"),
-        "cancelled": ("cancel requested", "yellow"),
-        "attempt_failed": (
-            f"attempt failed: {data.get('error')}"
-            + (" (retrying)" if data.get("retryable") else ""),
-            "yellow",
-        ),
-        "session_parked": (f"session parked: {data.get('reason')}", "bold red"),
-        "compaction_failed": (f"compaction failed: {data.get('error')}", "yellow"),
-    }
-    text, style = notices.get(kind, (kind, "dim"))
-    line.append(text, style=style)
-    return line
-
-
-def _render_assistant(line: Text, data: Mapping[str, Any]) -> RenderableType:
-    content = [b for b in data.get("content") or [] if isinstance(b, Mapping)]
-    calls = [c for c in data.get("toolCalls") or [] if isinstance(c, Mapping)]
-    if data.get("stopReason") == CANCELLED_STOP and not content and not calls:
-        line.append("answer cancelled", style="yellow")
-        return line
-    line.append("assistant", style="bold green")
-    line.append(": ")
-    parts: list[RenderableType] = [line]
-    texts = [str(b.get("text", "")) for b in content if b.get("type") == "text"]
-    line.append("\n".join(texts))
-    for block in content:
-        if block.get("type") == "thinking":
-            # Collapsed like on the page: the size, not the whole monologue.
-            thinking = str(block.get("thinking", ""))
-            parts.append(Text(f"   (thought for {len(thinking)} characters)", style="dim italic"))
-    for call in calls:
-        arguments = json.dumps(call.get("arguments") or {}, ensure_ascii=False)
-        parts.append(Text(f"   → {call.get('name')}({arguments})", style="magenta"))
-    if data.get("stopReason") == "length":
-        parts.append(Text("   (cut at the output limit)", style="dim"))
-    if data.get("stopReason") == CANCELLED_STOP:
-        parts.append(Text("   (cancelled)", style="yellow"))
-    return parts[0] if len(parts) == 1 else Group(*parts)
-
-
-@dataclass
-class _Partial:
-    text: str = ""
-    thinking: str = ""
-    tool_call: str = ""
-    last_delta_at: float = field(default_factory=time.monotonic)
-
-
-class ChatView:
-    """Prints facts; shows partials and the busy state in a live region that
-    disappears when it is done (only on a terminal)."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self._live: Live | None = None
-        self._pending: dict[str, _Partial] = {}
-        self._committed: set[str] = set()
-        self._tool_names: dict[str, str] = {}
-        self._status = "idle"
-        self._connection = ""
-
-    # Facts -------------------------------------------------------------
-
-    def fact(self, fact: Mapping[str, Any]) -> None:
-        data: Mapping[str, Any] = fact.get("data") or {}
-        kind = fact.get("kind")
-        if kind == "assistant":
-            generation = str(data.get("generationId"))
-            self._committed.add(generation)
-            self._pending.pop(generation, None)
-            if data.get("stopReason") == CANCELLED_STOP:
-                self._pending.clear()  # the cancelled generation never commits
-            for call in data.get("toolCalls") or []:
-                if isinstance(call, Mapping):
-                    self._tool_names[str(call.get("id"))] = str(call.get("name"))
-        elif kind == "epoch_started":
-            # A new owner restreams the same generationId from its first
-            # token; a partial still receiving tokens is the new stream's
-            # (deltas may overtake their epoch_started), a quiet one is dead.
-            now = time.monotonic()
-            for generation, partial in list(self._pending.items()):
-                if now - partial.last_delta_at > QUIET_PARTIAL_S:
-                    del self._pending[generation]
-        elif kind in ("attempt_failed", "session_parked"):
-            self._pending.clear()
-        # The live region first: printing redraws it below the new line, and
-        # it must not flash the partial this fact just replaced.
-        self._refresh()
-        rendered = render_fact(fact, self._tool_names)
-        if rendered is not None:
-            self.console.print(rendered)
-
-    def notice(self, message: str, style: str = "dim") -> None:
-        self.console.print(Text(message, style=style))
-
-    # Partials and state -------------------------------------------------
-
-    def delta(self, generation_id: str, channel: str, text: str) -> None:
-        if generation_id in self._committed:
-            return  # its answer is already printed
-        partial = self._pending.setdefault(generation_id, _Partial())
-        partial.last_delta_at = time.monotonic()
-        if channel == "thinking":
-            partial.thinking += text
-        elif channel == "tool_call":
-            partial.tool_call += text
-        else:
-            partial.text += text
-        self._refresh()
-
-    def status(self, state: str) -> None:
-        self._status = state
-        if state == "idle":
-            # Nothing is in flight: a partial left now will never commit.
-            self._pending.clear()
-        self._refresh()
-
-    def connection(self, state: str) -> None:
-        """The stream state: an empty string while streaming, else a word to show."""
-        if state == "":
-            # A new connection: earlier partials may have a gap now; the
-            # live stream starts fresh ones and the answer is complete.
-            self._pending.clear()
-        self._connection = state
-        self._refresh()
-
-    def close(self) -> None:
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
-
-    def _live_renderable(self) -> RenderableType | None:
-        parts: list[RenderableType] = []
-        for partial in self._pending.values():
-            if partial.thinking and not partial.text:
-                parts.append(Text(f"(thinking… {len(partial.thinking)} characters)", "dim italic"))
-            if partial.text:
-                parts.append(Text.assemble(("assistant", "bold green"), ": ", partial.text))
-            if partial.tool_call:
-                parts.append(Text(f"   → {partial.tool_call}", style="magenta"))
-        busy = {"running": "running…", "compacting": "compacting…"}.get(self._status)
-        footer = " · ".join(word for word in (busy, self._connection) if word)
-        if footer:
-            parts.append(Text(footer, style="dim"))
-        return Group(*parts) if parts else None
-
-    def _refresh(self) -> None:
-        if not self.console.is_terminal:
-            return  # piped output shows committed facts only
-        renderable = self._live_renderable()
-        if renderable is None:
-            self.close()
-            return
-        if self._live is None:
-            self._live = Live(renderable, console=self.console, transient=True, auto_refresh=False)
-            self._live.start()
-        self._live.update(renderable, refresh=True)
 
 
 # --------------------------------------------------------------- client

@@ -22,7 +22,7 @@ import pytest
 
 from edge.gateway import EdgeConfig, Gateway
 from edge.server import EdgeServer
-from services.cli.chat import SseEvent, SseParser
+from services.cli.chat_view import SseEvent, SseParser
 from services.common.config import Settings
 from services.ledger import CommittedFact
 from services.ledger.client import FactToAppend

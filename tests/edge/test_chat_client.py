@@ -1,4 +1,4 @@
-"""`keel chat` (services/cli/chat.py) against a real `keel up`.
+"""`keel chat` (services/cli/chat.py, chat_view.py) against a real `keel up`.
 
 The event stream is cut mid-event twice by a transport wrapper; the client
 must resume with Last-Event-ID and print every fact exactly once, in order.
@@ -19,7 +19,8 @@ import httpx
 import pytest
 from rich.console import Console
 
-from services.cli.chat import ChatClient, ChatView, SseEvent, SseParser, open_session
+from services.cli.chat import ChatClient, open_session
+from services.cli.chat_view import ChatView, SseEvent, SseParser
 from tests.edge.test_web_page import keel_up
 from tests.processes import ChildProcess
 

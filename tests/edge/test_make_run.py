@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from services.cli.chat import SseParser
+from services.cli.chat_view import SseParser
 from tests.processes import ChildProcess
 
 KEY = "make-run-test-key-0123456789abc"

@@ -13,7 +13,7 @@ import httpx
 
 from edge.gateway import EdgeConfig
 from edge.server import EdgeServer
-from services.cli.chat import SseEvent
+from services.cli.chat_view import SseEvent
 from tests.edge.conftest import ADMIN_KEY, SseReader, Stack, fact_seqs, parse
 from tests.runner.cluster import eventually
 
