@@ -175,9 +175,9 @@ class Gateway:
         prefix = f"{caller.tenant_id}:"
         out: list[dict[str, Any]] = []
         after = prefix
-        while True:
+        while after:
             page = await self.ledger.list_sessions(after, 1000)
-            for summary in page:
+            for summary in page.sessions:
                 if not summary.session_id.startswith(prefix):
                     return out
                 if summary.tenant_id == caller.tenant_id:
@@ -187,9 +187,8 @@ class Gateway:
                             "headSeq": summary.head_seq,
                         }
                     )
-            if len(page) < 1000:
-                return out
-            after = page[-1].session_id
+            after = page.next_after
+        return out
 
     async def commit_input(
         self, caller: Caller, session_id: str, body: Mapping[str, Any], retry_of: int | None = None

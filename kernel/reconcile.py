@@ -42,10 +42,10 @@ class Reconciler:
         after = ""
         found = 0
         while True:
-            page = await self._ledger.list_sessions(after_session_id=after, limit=PAGE)
-            for summary in page:
-                if not summary.owes_work:
-                    continue
+            page = await self._ledger.list_sessions(
+                after_session_id=after, limit=PAGE, owing_only=True
+            )
+            for summary in page.sessions:
                 stranded = await asyncio.to_thread(
                     self._leases.enqueue_if_stranded, summary.session_id, summary.tenant_id
                 )
@@ -54,9 +54,9 @@ class Reconciler:
                     log.info(
                         "session %s owed work but was not queued; enqueued", summary.session_id
                     )
-            if len(page) < PAGE:
+            if not page.next_after:
                 break
-            after = page[-1].session_id
+            after = page.next_after
         self.passes += 1
         self.enqueued += found
         return found

@@ -7,7 +7,7 @@ Public surface::
     LedgerError …       the error tree (see services.ledger.errors)
 """
 
-from services.ledger.client import FactToAppend, LedgerClient
+from services.ledger.client import FactToAppend, LedgerClient, SessionPage
 from services.ledger.domain import Appended, OpenToolCall, SessionView
 from services.ledger.errors import (
     FactTooLarge,
@@ -40,6 +40,7 @@ __all__ = [
     "OpenToolCall",
     "SessionExists",
     "SessionNotFound",
+    "SessionPage",
     "SessionView",
     "StaleEpoch",
     "UnknownToolCall",

@@ -31,6 +31,13 @@ class FactToAppend:
     data: Mapping[str, Any]
 
 
+@dataclass(frozen=True)
+class SessionPage:
+    sessions: list[pb.SessionSummary]
+    # Where the next page starts; "" when the listing is complete.
+    next_after: str
+
+
 def _to_fact(message: pb.Fact) -> CommittedFact:
     return CommittedFact(
         session_id=message.session_id,
@@ -147,7 +154,8 @@ class LedgerClient:
 
     async def list_sessions(
         self, after_session_id: str = "", limit: int = 0, owing_only: bool = False
-    ) -> list[pb.SessionSummary]:
+    ) -> SessionPage:
+        """One page of sessions with ids > `after_session_id`, ascending."""
         try:
             response = await self._stub.ListSessions(
                 pb.ListSessionsRequest(
@@ -156,4 +164,4 @@ class LedgerClient:
             )
         except grpc.aio.AioRpcError as err:
             raise error_from_rpc(err, LedgerError, _REASONS) from None
-        return list(response.sessions)
+        return SessionPage(list(response.sessions), response.next_after_session_id)

@@ -211,7 +211,9 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
                     owes_work=view.owes_work,
                 )
             )
-        return pb.ListSessionsResponse(sessions=sessions)
+        # A full scan may have more behind it, whatever the filter kept.
+        next_after = ids[-1] if len(ids) == limit else ""
+        return pb.ListSessionsResponse(sessions=sessions, next_after_session_id=next_after)
 
 
 def ledger_service(store: LedgerStore, waker: SessionWaker, settings: Settings) -> GrpcService:

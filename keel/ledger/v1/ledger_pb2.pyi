@@ -466,16 +466,23 @@ class ListSessionsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSIONS_FIELD_NUMBER: _builtins.int
+    NEXT_AFTER_SESSION_ID_FIELD_NUMBER: _builtins.int
+    next_after_session_id: _builtins.str
+    """The after_session_id of the next page; empty when the listing is complete.
+    With owing_only a page may hold fewer than `limit` sessions, even none,
+    and still not be the last: follow this cursor, not the page's length.
+    """
     @_builtins.property
     def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionSummary]: ...
     def __init__(
         self,
         *,
         sessions: _abc.Iterable[Global___SessionSummary] | None = ...,
+        next_after_session_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["sessions", b"sessions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_after_session_id", b"next_after_session_id", "sessions", b"sessions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
