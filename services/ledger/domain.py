@@ -212,6 +212,13 @@ class SessionStream(BaseAggregate[str]):
             for call in data.get("toolCalls") or ():
                 if call["id"] in self.tool_calls:
                     raise InvalidFact(f"tool call id {call['id']!r} was already used")
+        elif fact.kind == F.COMPACTION:
+            if data["firstKept"] > self.version:
+                raise InvalidFact(
+                    f"compaction.firstKept {data['firstKept']} is beyond the head "
+                    f"{self.version}: it must name a committed fact",
+                    field="firstKept",
+                )
         elif fact.kind == F.TOOL_RESULT:
             call_id = data["toolCallId"]
             existing = self.tool_results.get(call_id)

@@ -98,3 +98,17 @@ async def test_bad_input_is_refused_clearly(ledger: LedgerServer, client: Ledger
     assert [f.kind for f in await client.read_all("s")] == ["session_created"]
     appended = await client.append_one("s", "input", good_input)
     assert appended.seq == 2
+
+
+@pytest.mark.parametrize("settings", ["sqlite"], indirect=True)
+async def test_a_compaction_must_keep_from_a_committed_fact(
+    ledger: LedgerServer, client: LedgerClient
+) -> None:
+    await client.create_session("c", "t")
+    await client.append_one("c", "input", {"text": "hi", "requestId": "r1"})
+    started = {"epoch": 1, "runtimeId": "rt", "attemptId": "a", "watermark": 2}
+    await client.append_one("c", "epoch_started", started, epoch=1)
+    beyond = append("c", "compaction", {"summary": "so far", "firstKept": 50}, epoch=1)
+    await call_fails(ledger, "Append", beyond, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FACT")
+    kept = await client.append_one("c", "compaction", {"summary": "so far", "firstKept": 2}, 1)
+    assert kept.seq == 4
