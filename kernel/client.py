@@ -69,9 +69,17 @@ class Attachment:
     restart, a network blip) is re-opened with a short backoff.
     """
 
-    def __init__(self, stub: pb_grpc.KernelServiceAsyncStub, runtime_id: str) -> None:
+    def __init__(
+        self,
+        stub: pb_grpc.KernelServiceAsyncStub,
+        runtime_id: str,
+        reregister: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
         self.runtime_id = runtime_id
         self._stub = stub
+        # The kernel forgets runtimes detached for long (KEEL_RUNTIME_RETENTION_MS):
+        # one that comes back after that registers again instead of giving up.
+        self._reregister = reregister
         self._connected = asyncio.Event()
         self._closed = False
         # A permanent refusal (unknown runtime, bad id) that ended the task.
@@ -109,7 +117,10 @@ class Attachment:
                     delay = _REATTACH_FIRST_S
             except grpc.aio.AioRpcError as err:
                 error = error_from_rpc(err, KernelError, _REASONS)
-                if isinstance(error, UnknownRuntime | InvalidArgument):
+                if isinstance(error, UnknownRuntime) and self._reregister is not None:
+                    with contextlib.suppress(KeelError):
+                        await self._reregister()
+                elif isinstance(error, UnknownRuntime | InvalidArgument):
                     self.error = error
                     return
             finally:
@@ -178,10 +189,15 @@ class KernelClient:
         response = await _call(lambda: self._stub.RegisterRuntime(request))
         return response.lease_ttl_ms
 
-    def attach(self, runtime_id: str) -> Attachment:
-        """Starts holding the runtime's Attach stream (needs a running loop)."""
+    def attach(
+        self, runtime_id: str, reregister: Callable[[], Awaitable[object]] | None = None
+    ) -> Attachment:
+        """Starts holding the runtime's Attach stream (needs a running loop).
+
+        With `reregister`, a runtime the kernel no longer knows registers
+        again (and re-attaches) rather than ending the attachment."""
         self._attachments = [a for a in self._attachments if not a.closed]
-        attachment = Attachment(self._stub, runtime_id)
+        attachment = Attachment(self._stub, runtime_id, reregister)
         self._attachments.append(attachment)
         return attachment
 

@@ -44,6 +44,12 @@ class KernelConfig:
     # A message on every Attach stream this often, so a dead peer's
     # connection is written to (and found broken) even when idle.
     attach_heartbeat_ms: int = 2_000
+    # A runtime detached (or never attached) this long, holding no lease, is
+    # forgotten, or `status` would list every pod that ever ran. A forgotten
+    # runtime's Attach is refused, so this outlasts any partition a live
+    # runtime should survive; and it is at least a second, so a runtime is
+    # never forgotten between its Register and its Attach.
+    runtime_retention_ms: int = 3_600_000
 
     @property
     def retry_policy(self) -> RetryPolicy:
@@ -53,6 +59,12 @@ class KernelConfig:
         if self.sweep_ms > 0:
             return self.sweep_ms
         return max(50, min(1_000, lease_ms // 10))
+
+    @property
+    def prune_interval_ms(self) -> int:
+        # Forgetting is not urgent: once a minute is plenty, unless the
+        # retention itself is shorter.
+        return min(60_000, self.runtime_retention_ms)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> KernelConfig:
@@ -65,4 +77,5 @@ class KernelConfig:
             recheck_ms=_int(env, "KEEL_CLAIM_RECHECK_MS", 500, 10),
             sweep_ms=_int(env, "KEEL_SWEEP_MS", 0, 0),
             attach_heartbeat_ms=_int(env, "KEEL_ATTACH_HEARTBEAT_MS", 2_000, 100),
+            runtime_retention_ms=_int(env, "KEEL_RUNTIME_RETENTION_MS", 3_600_000, 1_000),
         )

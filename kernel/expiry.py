@@ -34,6 +34,12 @@ it, returning their admission slots and waking claimers.
 A kernel that is itself shutting down ends its Attach streams on purpose;
 those ends are not the runtimes' deaths and expire nothing (the runtimes
 re-attach to another replica).
+
+Forgotten runtimes
+------------------
+A dead runtime's registration outlives it, detached. The pruner deletes
+those detached for longer than `KEEL_RUNTIME_RETENTION_MS` and holding no
+lease, so rolling upgrades do not pile up in `status`.
 """
 
 from __future__ import annotations
@@ -140,3 +146,23 @@ class Sweeper:
                 continue
             if expired:
                 log.info("expired %d lease(s) past their TTL", expired)
+
+
+class RuntimePruner:
+    """Forgets runtimes gone for longer than the retention, periodically."""
+
+    def __init__(self, registry: RegistryStore, retention_ms: int, interval_ms: int) -> None:
+        self._registry = registry
+        self._retention_ms = retention_ms
+        self._interval_s = interval_ms / 1000
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            try:
+                pruned = await asyncio.to_thread(self._registry.prune, self._retention_ms)
+            except KeelError as error:
+                log.warning("runtime pruning failed: %s", error)
+                continue
+            if pruned:
+                log.info("forgot %d runtime(s) gone for over %d ms", pruned, self._retention_ms)

@@ -3,6 +3,11 @@
 A runtime (a runner or edge process) registers when it starts, holds an
 Attach stream while it lives, and may be drained. Handoffs between runtimes
 (rolling upgrades) are appended to an audit table that is never rewritten.
+
+A process that dies leaves its row behind, detached. Every pod of every
+rolling upgrade would stay listed forever, so rows detached (or never
+attached) for longer than a retention period, and holding no lease, are
+pruned. `seen_at_ms` is when a row last registered, attached or detached.
 """
 
 from __future__ import annotations
@@ -77,8 +82,8 @@ class RegistryStore:
             if row is None:
                 tx.execute(
                     "INSERT INTO runtime_instances (runtime_id, address, host, pid, "
-                    "loadout_revision, version, role, drain_mode, attached, started_at_ms) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 0, %s)",
+                    "loadout_revision, version, role, drain_mode, attached, started_at_ms, "
+                    "seen_at_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 0, %s, %s)",
                     (
                         r.runtime_id,
                         r.address,
@@ -89,6 +94,7 @@ class RegistryStore:
                         r.role,
                         DrainMode.NONE.value,
                         now,
+                        now,
                     ),
                 )
                 return
@@ -96,7 +102,7 @@ class RegistryStore:
             tx.execute(
                 "UPDATE runtime_instances SET address = %s, host = %s, pid = %s, "
                 "loadout_revision = %s, version = %s, role = %s, drain_mode = %s, "
-                "started_at_ms = %s WHERE runtime_id = %s",
+                "started_at_ms = %s, seen_at_ms = %s WHERE runtime_id = %s",
                 (
                     r.address,
                     r.host,
@@ -106,17 +112,18 @@ class RegistryStore:
                     r.role,
                     row[1] if same_process else DrainMode.NONE.value,
                     int(row[2]) if same_process else now,
+                    now,
                     r.runtime_id,
                 ),
             )
 
         self._db.run(work)
 
-    def _update(self, runtime_id: str, assignment: str, value: object) -> None:
+    def _update(self, runtime_id: str, assignments: str, values: tuple[object, ...]) -> None:
         def work(tx: Tx) -> None:
             changed = tx.execute(
-                f"UPDATE runtime_instances SET {assignment} = %s WHERE runtime_id = %s",
-                (value, runtime_id),
+                f"UPDATE runtime_instances SET {assignments} WHERE runtime_id = %s",
+                (*values, runtime_id),
             )
             if changed == 0:
                 raise UnknownRuntime(f"runtime {runtime_id!r} is not registered")
@@ -124,10 +131,26 @@ class RegistryStore:
         self._db.run(work)
 
     def set_attached(self, runtime_id: str, attached: bool) -> None:
-        self._update(runtime_id, "attached", int(attached))
+        # A runtime's retention period runs from its last detach.
+        self._update(runtime_id, "attached = %s, seen_at_ms = %s", (int(attached), self._clock()))
 
     def set_drain(self, runtime_id: str, mode: DrainMode) -> None:
-        self._update(runtime_id, "drain_mode", mode.value)
+        self._update(runtime_id, "drain_mode = %s", (mode.value,))
+
+    def prune(self, retention_ms: int) -> int:
+        """Deletes the runtimes detached (or never attached) for longer than
+        `retention_ms` that hold no lease; returns how many it deleted."""
+        cutoff = self._clock() - retention_ms
+        # A lease still held (its TTL not yet swept) keeps its holder listed,
+        # so `status` never shows a session held by a runtime it cannot name.
+        return self._db.run(
+            lambda tx: tx.execute(
+                "DELETE FROM runtime_instances WHERE attached = 0 AND seen_at_ms < %s "
+                "AND NOT EXISTS (SELECT 1 FROM kernel_sessions s WHERE s.state = 'held' "
+                "AND s.runtime_id = runtime_instances.runtime_id)",
+                (cutoff,),
+            )
+        )
 
     def exists(self, runtime_id: str) -> bool:
         row = self._db.run(

@@ -10,7 +10,7 @@ from typing import Any
 
 from kernel.config import KernelConfig
 from kernel.database import Database
-from kernel.expiry import Attachments, Sweeper
+from kernel.expiry import Attachments, RuntimePruner, Sweeper
 from kernel.metrics import KernelMetrics
 from kernel.reconcile import Reconciler
 from kernel.registry import RegistryStore
@@ -87,6 +87,10 @@ class KernelServer:
         )
         sweeper = Sweeper(self.leases, self.config.sweep_interval_ms(self.settings.lease_ms))
         self._spawn(sweeper.run(), "kernel-sweeper")
+        pruner = RuntimePruner(
+            self.registry, self.config.runtime_retention_ms, self.config.prune_interval_ms
+        )
+        self._spawn(pruner.run(), "kernel-runtime-pruner")
         if self.ledger_target:
             self.reconciler = Reconciler(
                 self.leases, self.ledger_target, self.settings, self.config.reconcile_ms

@@ -80,6 +80,13 @@ class Runtime:
     # -- life cycle --
 
     async def start(self) -> Runtime:
+        await self._register()
+        self._attachment = self.kernel.attach(self.runtime_id, reregister=self._register)
+        await self._attachment.wait_connected()
+        self._claim_task = asyncio.create_task(self._claim_loop(), name="claim-loop")
+        return self
+
+    async def _register(self) -> None:
         await self.kernel.register_runtime(
             self.runtime_id,
             self.address,
@@ -88,10 +95,9 @@ class Runtime:
             version="0.1.0",
             role="runner",
         )
-        self._attachment = self.kernel.attach(self.runtime_id)
-        await self._attachment.wait_connected()
-        self._claim_task = asyncio.create_task(self._claim_loop(), name="claim-loop")
-        return self
+        if self.drain_mode != DRAIN_NONE:
+            # Registered again after being forgotten: still draining.
+            await self.kernel.set_drain(self.runtime_id, self.drain_mode)
 
     async def stop(self) -> None:
         """Stops claiming and abandons in-flight attempts (their leases expire)."""

@@ -436,6 +436,26 @@ async def test_the_client_raises_the_kernels_own_errors(client: KernelClient) ->
     assert attachment.closed and isinstance(attachment.error, UnknownRuntime)
 
 
+async def test_a_forgotten_runtime_registers_again_and_attaches(
+    kernel: KernelServer, client: KernelClient
+) -> None:
+    """The kernel forgets runtimes detached past the retention; one still
+    alive (a long partition) registers again rather than losing its Attach."""
+    registrations = 0
+
+    async def register() -> None:
+        nonlocal registrations
+        registrations += 1
+        await client.register_runtime("came-back")
+
+    attachment = client.attach("came-back", reregister=register)  # never registered
+    await attachment.wait_connected()
+    assert registrations == 1 and not attachment.closed
+    listed = {r.runtime_id: r for r in await client.list_runtimes()}
+    assert listed["came-back"].attached
+    await attachment.close()
+
+
 async def test_a_lease_taken_for_a_caller_that_left_is_handed_back(
     kernel: KernelServer, client: KernelClient
 ) -> None:
