@@ -20,6 +20,7 @@ import typer
 
 from services.common import telemetry
 from services.common.config import Settings
+from services.common.heap import settle_heap
 
 app = typer.Typer(
     name="keel",
@@ -46,6 +47,7 @@ def _settings(database_url: str | None = None) -> Settings:
 
 def _serve(service: str, settings: Settings, main: Coroutine[Any, Any, None]) -> None:
     telemetry.configure(service, settings)
+    settle_heap()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main)
 
@@ -142,6 +144,7 @@ def up(
     )
     telemetry.configure("up", settings)
     main_coro = Supervisor(settings, options).run() if processes else up_embedded(settings, options)
+    settle_heap()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main_coro)
 
