@@ -220,18 +220,9 @@ def create_app(gateway: Gateway) -> Starlette:
                     "next": facts[-1].seq if facts else after,
                 }
             )
-        stream = SessionStream(gateway, session_id, after)
-
-        async def counted() -> Any:
-            metrics.sse_clients.inc()
-            try:
-                async for event in stream.events():
-                    yield event
-            finally:
-                metrics.sse_clients.dec()
-
+        stream = SessionStream(gateway, session_id, after, metrics.sse_clients)
         return EventSourceResponse(
-            counted(),
+            stream.events(),
             ping=gateway.config.keepalive_s,
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TypeAlias
 
@@ -34,6 +35,50 @@ log = logging.getLogger("keel.edge.fanout")
 CLIENT_BUFFER = 1024
 _CLOSED = object()
 IDLE = StatusChange("idle", 0)
+
+
+class Inbox:
+    """What one client has not been sent yet: bounded, with one reader.
+
+    A broadcast touches every client of a session, so this is kept leaner
+    than asyncio.Queue (no task accounting, no getter queue): an append, and
+    a wake-up only when the reader is waiting.
+    """
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[object] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: object) -> bool:
+        """False (and the item dropped) when the client is CLIENT_BUFFER behind."""
+        if len(self._items) >= CLIENT_BUFFER:
+            return False
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        return True
+
+    def put_never_dropped(self, item: object) -> None:
+        """Makes room, if need be, by dropping the oldest items (the client
+        resumes from its cursor anyway)."""
+        while len(self._items) >= CLIENT_BUFFER:
+            self._items.popleft()
+        self.put(item)
+
+    async def take_all(self) -> list[object]:
+        """Everything pending, waiting for at least one item."""
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items = list(self._items)
+        self._items.clear()
+        return items
 
 
 class Drain:
@@ -51,26 +96,26 @@ class SessionFanout:
     def __init__(self, hub: FanoutHub, session_id: str) -> None:
         self._hub = hub
         self._session_id = session_id
-        self._clients: set[asyncio.Queue[object]] = set()
+        self._clients: set[Inbox] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._owner_changed = asyncio.Event()
         # The runtime named by the latest epoch_started not yet attached to.
         self._owner_hint = ""
         self.status: StatusChange = IDLE
 
-    def join(self) -> asyncio.Queue[object]:
-        queue: asyncio.Queue[object] = asyncio.Queue(maxsize=CLIENT_BUFFER)
-        self._clients.add(queue)
+    def join(self) -> Inbox:
+        inbox = Inbox()
+        self._clients.add(inbox)
         if not self._tasks:
             self._owner_changed.set()
             self._tasks = [
                 asyncio.create_task(self._follow_facts(), name=f"fanout-{self._session_id}"),
                 asyncio.create_task(self._follow_owner(), name=f"owner-{self._session_id}"),
             ]
-        return queue
+        return inbox
 
-    def leave(self, queue: asyncio.Queue[object]) -> None:
-        self._clients.discard(queue)
+    def leave(self, inbox: Inbox) -> None:
+        self._clients.discard(inbox)
         if not self._clients:
             for task in self._tasks:
                 task.cancel()
@@ -78,19 +123,14 @@ class SessionFanout:
             self._hub.forget(self._session_id, self)
 
     def broadcast_drain(self) -> None:
-        for queue in list(self._clients):
-            # Never dropped: make room by discarding what the client has not
-            # read yet (it resumes from its cursor anyway).
-            while queue.full():
-                queue.get_nowait()
-            queue.put_nowait(DRAIN)
+        for inbox in list(self._clients):
+            inbox.put_never_dropped(DRAIN)
 
     def _broadcast(self, item: object) -> None:
-        for queue in list(self._clients):
-            with contextlib.suppress(asyncio.QueueFull):
-                # A full queue drops the item for that client only; for a
-                # fact it notices the gap and reads it from the ledger.
-                queue.put_nowait(item)
+        # A full inbox drops the item for that client only; for a fact it
+        # notices the gap and reads it from the ledger.
+        for inbox in list(self._clients):
+            inbox.put(item)
 
     async def _follow_facts(self) -> None:
         ledger = self._hub.ledger
@@ -151,57 +191,62 @@ class FanoutHub:
         for fanout in list(self._sessions.values()):
             fanout.broadcast_drain()
 
-    async def follow(self, session_id: str, after: int) -> AsyncGenerator[Live, None]:
+    async def follow(self, session_id: str, after: int) -> AsyncGenerator[list[Live], None]:
         """Facts with seq > after in order (backlog, then live), interleaved
-        with the owner's partials once the backlog is out. Ends when the
-        ledger stream ends."""
+        with the owner's partials once the backlog is out, in batches: all a
+        client has pending goes out in one write. Ends after DRAIN, or when
+        the ledger stream ends."""
         fanout = self._sessions.get(session_id)
         if fanout is None:
             fanout = self._sessions[session_id] = SessionFanout(self, session_id)
-        queue = fanout.join()
+        inbox = fanout.join()
         cursor = after
         try:
             if self.draining:
-                yield DRAIN
+                yield [DRAIN]
                 return
-            async for fact in _catch_up_facts(self.ledger, session_id, cursor):
-                yield fact
-                cursor = fact.seq
+            async for page in _catch_up_facts(self.ledger, session_id, cursor):
+                yield list(page)
+                cursor = page[-1].seq
             if fanout.status != IDLE:
                 # Whoever works on the session now, as far as this edge knows.
-                yield fanout.status
+                yield [fanout.status]
             while True:
-                item = await queue.get()
-                if item is _CLOSED:
-                    return
-                if item is DRAIN:
-                    yield DRAIN
-                    return
-                if not isinstance(item, CommittedFact):
-                    assert isinstance(item, Partial | StatusChange)
-                    yield item
-                    continue
-                if item.seq > cursor + 1:
-                    # Facts this client missed: read them (and this one) back.
-                    async for fact in _catch_up_facts(self.ledger, session_id, cursor):
-                        yield fact
-                        cursor = fact.seq
-                if item.seq <= cursor:
-                    continue
-                yield item
-                cursor = item.seq
+                batch: list[Live] = []
+                for item in await inbox.take_all():
+                    if item is _CLOSED or item is DRAIN:
+                        if item is DRAIN:
+                            batch.append(DRAIN)
+                        if batch:
+                            yield batch
+                        return
+                    if not isinstance(item, CommittedFact):
+                        assert isinstance(item, Partial | StatusChange)
+                        batch.append(item)
+                        continue
+                    if item.seq > cursor + 1:
+                        # Facts this client missed: read them (and this one) back.
+                        async for page in _catch_up_facts(self.ledger, session_id, cursor):
+                            batch.extend(page)
+                            cursor = page[-1].seq
+                    if item.seq <= cursor:
+                        continue
+                    batch.append(item)
+                    cursor = item.seq
+                if batch:
+                    yield batch
         finally:
-            fanout.leave(queue)
+            fanout.leave(inbox)
 
 
 async def _catch_up_facts(
     ledger: LedgerClient, session_id: str, cursor: int
-) -> AsyncIterator[CommittedFact]:
-    """Facts after `cursor` from the ledger, up to its head."""
+) -> AsyncIterator[list[CommittedFact]]:
+    """Pages of the facts after `cursor` from the ledger, up to its head."""
     while True:
         page, head = await ledger.read(session_id, cursor, 500)
-        for fact in page:
-            yield fact
-            cursor = fact.seq
+        if page:
+            yield page
+            cursor = page[-1].seq
         if not page or cursor >= head:
             return

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
+from prometheus_client import Gauge
 from sse_starlette import ServerSentEvent
 
 from edge.fanout import Drain, Live
@@ -48,27 +49,39 @@ def fact_json(fact: CommittedFact) -> dict[str, Any]:
 
 
 class SessionStream:
-    """One client's stream: shared facts and partials, plus the drain signal."""
+    """One client's stream: shared facts and partials, plus the drain signal.
 
-    def __init__(self, gateway: Gateway, session_id: str, after: int) -> None:
+    Whatever the client has pending goes out as one chunk (one write), and
+    `clients` (a gauge) counts the open streams.
+    """
+
+    def __init__(
+        self, gateway: Gateway, session_id: str, after: int, clients: Gauge | None = None
+    ) -> None:
         self._gateway = gateway
         self._session_id = session_id
         self._after = after
+        self._clients = clients
 
     async def events(self) -> AsyncIterator[bytes]:
         follow = self._gateway.fanout.follow(self._session_id, self._after)
+        if self._clients is not None:
+            self._clients.inc()
         try:
-            async for item in follow:
-                if isinstance(item, Drain):
+            async for batch in follow:
+                chunk = b"".join(
+                    encoded for encoded in map(encode_once, batch) if encoded is not None
+                )
+                if isinstance(batch[-1], Drain):
                     retry = self._gateway.config.drain_retry_after_ms
-                    yield ServerSentEvent(
+                    chunk += ServerSentEvent(
                         data=json.dumps({"retry_after_ms": retry}), event="drain"
                     ).encode()
-                    return
-                encoded = encode_once(item)
-                if encoded is not None:
-                    yield encoded
+                if chunk:
+                    yield chunk
         finally:
+            if self._clients is not None:
+                self._clients.dec()
             await follow.aclose()
 
 
