@@ -48,7 +48,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from kernel.errors import UnknownRuntime
 from kernel.registry import RegistryStore
@@ -129,6 +129,24 @@ class Attachments:
             await asyncio.gather(*self._pending, return_exceptions=True)
 
 
+async def _periodically(interval_s: float, chore: Callable[[], int], what: str, done: str) -> None:
+    """Runs a store chore every `interval_s` on a worker thread, forever.
+
+    A store error (the database away) is logged and retried next time: a
+    kernel's housekeeping must outlive an outage. `done` is logged, with the
+    chore's count, when it did something.
+    """
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            count = await asyncio.to_thread(chore)
+        except KeelError as error:
+            log.warning("%s failed: %s", what, error)
+            continue
+        if count:
+            log.info(done, count)
+
+
 class Sweeper:
     """Expires leases past their TTL, periodically."""
 
@@ -137,15 +155,12 @@ class Sweeper:
         self._interval_s = interval_ms / 1000
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                expired = await asyncio.to_thread(self._leases.sweep)
-            except KeelError as error:
-                log.warning("lease sweep failed: %s", error)
-                continue
-            if expired:
-                log.info("expired %d lease(s) past their TTL", expired)
+        await _periodically(
+            self._interval_s,
+            self._leases.sweep,
+            "lease sweep",
+            "expired %d lease(s) past their TTL",
+        )
 
 
 class RuntimePruner:
@@ -157,12 +172,9 @@ class RuntimePruner:
         self._interval_s = interval_ms / 1000
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                pruned = await asyncio.to_thread(self._registry.prune, self._retention_ms)
-            except KeelError as error:
-                log.warning("runtime pruning failed: %s", error)
-                continue
-            if pruned:
-                log.info("forgot %d runtime(s) gone for over %d ms", pruned, self._retention_ms)
+        await _periodically(
+            self._interval_s,
+            lambda: self._registry.prune(self._retention_ms),
+            "runtime pruning",
+            f"forgot %d runtime(s) gone for over {self._retention_ms} ms",
+        )
