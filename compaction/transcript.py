@@ -5,22 +5,34 @@ rebuilds exactly what a dead attempt would have sent, the compaction service
 summarizes exactly what requests presented, and the edge can show what any
 request presented (`context at seq N`).
 
-Ordering rule: an input that was committed while a tool call was still
-waiting for its result is presented after that result. Providers require a
-tool result to follow its call directly, and the input really did arrive
-later in the conversation's causal order.
+Ordering rule: a message stands where it entered the model's view, which is
+not always its ledger position. Runner facts (answers, tool results,
+compactions) enter at their seq. An input enters when the first request
+that included it was answered: an attempt's requests include every unread
+input up to its watermark, so an input is placed just before the first
+answer or compaction written under a watermark that covers it. Inputs that
+arrive while an attempt runs therefore come after the answer to the inputs
+it read, never before it, and never between a tool call and its result;
+inputs no answer has covered yet come last, as the next request presents
+them.
+
+A cancelled exchange is out of the context whole: the inputs the cancel
+settled, every answer and tool result since the last completed answer, and
+the settling answer itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from compaction.policy import ContextEntry, MessageEntry, build_context, entry_from_dict, to_entries
 from services.ledger.facts import (
     ASSISTANT,
     COMPACTION,
+    EPOCH_STARTED,
     INPUT,
     TOOL_RESULT,
     CommittedFact,
@@ -28,11 +40,14 @@ from services.ledger.facts import (
 
 CANCELLED_STOP = "cancelled"
 
+# A blob id -> the content parts the model sees for it (images as image
+# parts, text files as text). Resolved by the caller, which has the store.
+BlobParts: TypeAlias = Callable[[str], list[dict[str, Any]]]
+
 
 @dataclass
 class Fold:
     consumed: set[int] = field(default_factory=set)
-    cancelled_answers: set[int] = field(default_factory=set)
     results: dict[str, int] = field(default_factory=dict)
 
 
@@ -41,8 +56,6 @@ def fold_facts(facts: Iterable[CommittedFact]) -> Fold:
     for fact in facts:
         if fact.kind == ASSISTANT:
             fold.consumed.update(fact.data.get("inputSeqs") or ())
-            if fact.data.get("stopReason") == CANCELLED_STOP:
-                fold.cancelled_answers.add(fact.seq)
         elif fact.kind == TOOL_RESULT:
             fold.results[fact.data["toolCallId"]] = fact.seq
     return fold
@@ -78,8 +91,15 @@ def _assistant_message(data: Mapping[str, Any]) -> dict[str, Any]:
     return message
 
 
-def _user_message(data: Mapping[str, Any]) -> dict[str, Any]:
-    return {"role": "user", "content": data.get("text", "")}
+def _user_message(data: Mapping[str, Any], blob_parts: BlobParts | None) -> dict[str, Any]:
+    text = data.get("text", "")
+    blobs = data.get("blobs") or ()
+    if not blobs or blob_parts is None:
+        return {"role": "user", "content": text}
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    for blob_id in blobs:
+        content.extend(blob_parts(blob_id))
+    return {"role": "user", "content": content}
 
 
 def _tool_result_message(data: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
@@ -93,67 +113,95 @@ def _tool_result_message(data: Mapping[str, Any], names: Mapping[str, str]) -> d
     }
 
 
-def context_entries(
-    facts: Sequence[CommittedFact], watermark: int | None = None
-) -> list[dict[str, Any]]:
-    """The session's context entries (compaction-policy shape), each with its `seq`.
+def cancelled_exchanges(facts: Iterable[CommittedFact]) -> set[int]:
+    """Seqs of every fact of a cancelled exchange: the inputs the cancel
+    settled, the answers and tool results since the last completed answer,
+    and the settling answer. Keeping only part of an exchange would show the
+    model a tool call without the question that led to it."""
+    dropped: set[int] = set()
+    exchange: list[int] = []
+    for fact in facts:
+        if fact.kind == TOOL_RESULT:
+            exchange.append(fact.seq)
+        elif fact.kind == ASSISTANT:
+            if fact.data.get("stopReason") == CANCELLED_STOP:
+                dropped.update(exchange)
+                dropped.add(fact.seq)
+                dropped.update(fact.data.get("inputSeqs") or ())
+                exchange.clear()
+            elif fact.data.get("toolCalls"):
+                exchange.append(fact.seq)
+            else:
+                exchange.clear()
+    return dropped
 
-    `watermark` hides inputs an attempt has not read. Cancelled exchanges
-    (inputs settled by a cancel, and the settling answer) are not context.
+
+def context_entries(
+    facts: Sequence[CommittedFact],
+    watermark: int | None = None,
+    blob_parts: BlobParts | None = None,
+) -> list[dict[str, Any]]:
+    """The session's context entries (compaction-policy shape), each with its `seq`,
+    in the order the model saw them (see the module docstring).
+
+    `watermark` hides inputs an attempt has not read; `blob_parts` turns the
+    blobs an input references into content parts (without it, only the text).
     """
     fold = fold_facts(facts)
-    cancelled_inputs: set[int] = set()
-    for fact in facts:
-        if fact.kind == ASSISTANT and fact.seq in fold.cancelled_answers:
-            cancelled_inputs.update(fact.data.get("inputSeqs") or ())
+    dropped = cancelled_exchanges(facts)
     names: dict[str, str] = {}
     entries: list[dict[str, Any]] = []
-    deferred: list[dict[str, Any]] = []
-    waiting: set[str] = set()
     position_of_seq: dict[int, int] = {}
+    # Inputs read by no request yet, in seq order.
+    unplaced: deque[dict[str, Any]] = deque()
+    # Calls whose result is committed later: nothing may come between.
+    waiting: set[str] = set()
+    epoch_watermark = 0
+
+    def place(entry: dict[str, Any]) -> None:
+        position_of_seq[entry["seq"]] = len(entries)
+        entries.append(entry)
+
+    def place_inputs_up_to(limit: int | None) -> None:
+        while unplaced and (limit is None or unplaced[0]["seq"] <= limit):
+            place(unplaced.popleft())
+
     for fact in facts:
+        if fact.seq in dropped:
+            continue
         if fact.kind == INPUT:
-            if (watermark is not None and fact.seq > watermark) or fact.seq in cancelled_inputs:
-                continue
-            entry = {"type": "message", "message": _user_message(fact.data), "seq": fact.seq}
-            if waiting:
-                deferred.append(entry)
-                continue
+            if watermark is None or fact.seq <= watermark:
+                message = _user_message(fact.data, blob_parts)
+                unplaced.append({"type": "message", "message": message, "seq": fact.seq})
+        elif fact.kind == EPOCH_STARTED:
+            epoch_watermark = int(fact.data.get("watermark", 0))
         elif fact.kind == ASSISTANT:
-            if fact.seq in fold.cancelled_answers:
-                continue
+            if not waiting:
+                place_inputs_up_to(epoch_watermark)
             for call in fact.data.get("toolCalls") or ():
                 names[call["id"]] = call["name"]
                 if call["id"] in fold.results:
                     waiting.add(call["id"])
-            entry = {"type": "message", "message": _assistant_message(fact.data), "seq": fact.seq}
+            message = _assistant_message(fact.data)
+            place({"type": "message", "message": message, "seq": fact.seq})
         elif fact.kind == TOOL_RESULT:
-            entry = {
-                "type": "message",
-                "message": _tool_result_message(fact.data, names),
-                "seq": fact.seq,
-            }
+            message = _tool_result_message(fact.data, names)
+            place({"type": "message", "message": message, "seq": fact.seq})
             waiting.discard(fact.data["toolCallId"])
         elif fact.kind == COMPACTION:
+            if not waiting:
+                place_inputs_up_to(epoch_watermark)
             first_kept = int(fact.data["firstKept"])
-            entry = {
-                "type": "compaction",
-                "summary": fact.data["summary"],
-                "firstKeptIndex": position_of_seq.get(first_kept, len(entries)),
-                "seq": fact.seq,
-            }
-        else:
-            continue
-        position_of_seq[fact.seq] = len(entries)
-        entries.append(entry)
-        if not waiting and deferred:
-            for late in deferred:
-                position_of_seq[late["seq"]] = len(entries)
-                entries.append(late)
-            deferred.clear()
-    for late in deferred:
-        position_of_seq[late["seq"]] = len(entries)
-        entries.append(late)
+            place(
+                {
+                    "type": "compaction",
+                    "summary": fact.data["summary"],
+                    "firstKeptIndex": position_of_seq.get(first_kept, len(entries)),
+                    "seq": fact.seq,
+                }
+            )
+    # What the next request presents after the history: every input it reads.
+    place_inputs_up_to(None)
     return entries
 
 
@@ -161,15 +209,17 @@ def parsed_context(
     facts: Sequence[CommittedFact],
     watermark: int | None = None,
     memo: dict[int, MessageEntry] | None = None,
+    blob_parts: BlobParts | None = None,
 ) -> tuple[ContextEntry, ...]:
     """`context_entries` parsed into the policy's values.
 
     `memo` (seq -> parsed message) spares re-parsing the same history at every
     turn. It is sound because a message entry depends only on its own fact and
     the facts before it, which never change; compaction entries depend on
-    their position and are always parsed afresh.
+    their position and are always parsed afresh. (Blobs never change once
+    complete, so a message's resolved parts do not either.)
     """
-    raw_entries = context_entries(facts, watermark)
+    raw_entries = context_entries(facts, watermark, blob_parts)
     if memo is None:
         return to_entries(raw_entries)
     parsed: list[ContextEntry] = []
@@ -196,11 +246,13 @@ def presented_request(entries: Sequence[ContextEntry]) -> tuple[tuple[dict[str, 
 
 
 def request_messages(
-    facts: Sequence[CommittedFact], watermark: int | None = None
+    facts: Sequence[CommittedFact],
+    watermark: int | None = None,
+    blob_parts: BlobParts | None = None,
 ) -> tuple[dict[str, Any], ...]:
     """Exactly the messages a model request built from `facts` presents.
 
     One function for the runner's requests and for "what did the model see at
     seq N", so the two can never disagree.
     """
-    return messages_of(parsed_context(facts, watermark))
+    return messages_of(parsed_context(facts, watermark, blob_parts=blob_parts))
