@@ -1,8 +1,9 @@
 """Every shared conformance case through `compaction.conformance.run_case`.
 
-The cases live beside COMPACTION.md in the shared directory
-(`$KEEL_SHARED_DIR`, default `<repo>/../shared`). A missing file is a
-failure, not a skip: without it the policy is untested.
+The cases are a copy of the shared conformance file kept in the repository
+(`tests/compaction/conformance/`), so a clone alone runs them;
+`$KEEL_SHARED_DIR` points at another copy (a newer shared directory). A
+missing file is a failure, not a skip: without it the policy is untested.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import pytest
 
 from compaction.conformance import run_case
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 CASES_RELATIVE_PATH = Path("conformance") / "compaction-cases.json"
 
 
 def cases_path() -> Path:
-    shared_dir = os.environ.get("KEEL_SHARED_DIR") or str(REPO_ROOT.parent / "shared")
-    return Path(shared_dir) / CASES_RELATIVE_PATH
+    shared_dir = os.environ.get("KEEL_SHARED_DIR")
+    return Path(shared_dir or HERE) / CASES_RELATIVE_PATH
 
 
 def load_cases() -> list[Any]:
