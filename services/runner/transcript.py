@@ -48,8 +48,16 @@ def generation_id(context_head_seq: int) -> str:
     return f"gen-{context_head_seq}"
 
 
-def cancel_generation_id(cancel_seq: int) -> str:
-    return f"cancel-{cancel_seq}"
+def cancel_generation_id(cancel_seq: int, input_seqs: Sequence[int]) -> str:
+    """The id of the answer settling a cancel for `input_seqs`.
+
+    One cancel may need two settlements: the cancelled attempt settles the
+    inputs up to its watermark, and inputs committed before the cancel but
+    above that watermark are settled by the next attempt. Naming the inputs
+    keeps the two apart, while a successor repeating a settlement computes
+    the same id and the ledger keeps one.
+    """
+    return f"cancel-{cancel_seq}-{max(input_seqs, default=0)}"
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from compaction.service import answer_watermark
 from compaction.transcript import request_messages
 from services.ledger.facts import CommittedFact
 from services.runner import transcript as T
+from tests.support.transcript_checks import check_well_formed
 
 OPS = ("input", "input", "claim", "step", "step", "step", "crash", "cancel", "compact")
 
@@ -41,6 +42,11 @@ class Session:
     requests: list[Recorded] = field(default_factory=list)
 
     def commit(self, kind: str, data: Mapping[str, Any]) -> int:
+        # The ledger's dedup: one answer per generation id, one result per call.
+        key = {"assistant": "generationId", "tool_result": "toolCallId"}.get(kind)
+        for fact in self.facts:
+            if key and fact.kind == kind and fact.data[key] == data[key]:
+                return fact.seq
         seq = len(self.facts) + 1
         self.facts.append(CommittedFact("s", seq, kind, dict(data), 0, self.epoch))
         return seq
@@ -76,7 +82,9 @@ class Session:
             self.commit(
                 "assistant",
                 {
-                    "generationId": T.cancel_generation_id(owed.latest_cancel_seq),
+                    "generationId": T.cancel_generation_id(
+                        owed.latest_cancel_seq, owed.cancelled_input_seqs
+                    ),
                     "content": [],
                     "toolCalls": [],
                     "inputSeqs": list(owed.cancelled_input_seqs),
@@ -120,23 +128,6 @@ class Session:
             self.commit("compaction", {"summary": "earlier talk", "firstKept": first_kept})
 
 
-def check_well_formed(messages: Sequence[Mapping[str, Any]]) -> None:
-    assert messages, "a request presents at least one message"
-    assert messages[-1]["role"] != "assistant", "a request never ends with an answer"
-    expected_results: list[str] = []
-    for message in messages:
-        role = message["role"]
-        if expected_results:
-            assert role == "toolResult", f"{role} between a tool call and its result"
-            assert message["toolCallId"] == expected_results.pop(0)
-            continue
-        assert role != "toolResult", "a tool result without its call"
-        if role == "assistant":
-            expected_results = [
-                block["id"] for block in message["content"] if block.get("type") == "toolCall"
-            ]
-
-
 def answers_follow_their_inputs(facts: Sequence[CommittedFact]) -> None:
     """In the full context, the user messages between two completed answers
     are exactly the inputs the second one consumed."""
@@ -175,8 +166,12 @@ def test_every_request_is_well_formed_and_rebuilt_exactly(ops: list[tuple[str, i
         session.apply("claim", 1)
         if session.watermark is None:
             break
-        while session.watermark is not None:
+        for _ in range(500):
             session.apply("step", 0)
+            if session.watermark is None:
+                break
+        else:
+            raise AssertionError("an attempt never finishes: it makes no progress")
 
     facts = session.facts
     assert T.owed(facts, T.highest_input(facts)).nothing
@@ -236,3 +231,23 @@ def test_a_cancelled_tool_exchange_is_dropped_whole() -> None:
     messages = request_messages(session.facts)
     assert [m["role"] for m in messages] == ["user", "assistant"]
     assert messages[0]["content"] == "u8"
+
+
+def test_inputs_the_cancelled_attempt_never_read_are_settled_too() -> None:
+    """A cancel covers every input sent before it; those above the cancelled
+    attempt's watermark are settled by the next attempt, under an answer id
+    of their own (the first settlement's would deduplicate it away)."""
+    session = Session()
+    session.commit("session_created", {"tenantId": "t"})
+    session.apply("input", 0)  # 2
+    session.apply("claim", 0)  # 3: watermark 2
+    session.apply("input", 0)  # 4: above the watermark
+    session.apply("cancel", 0)  # 5
+    session.apply("step", 0)  # 6: settles [2]
+    session.apply("step", 0)  # finish
+    session.apply("claim", 0)  # 7: watermark 4
+    session.apply("step", 0)  # 8: settles [4]
+    session.apply("step", 0)  # finish
+    assert session.watermark is None
+    assert T.owed(session.facts, T.highest_input(session.facts)).nothing
+    assert request_messages(session.facts) == ()

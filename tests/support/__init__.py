@@ -1,0 +1,1 @@
+"""Helpers shared by tests (never fixtures: those live in conftest files)."""
