@@ -74,6 +74,10 @@ class SessionContext:
     messages: tuple[Mapping[str, Any], ...]
     compaction_seq: int
     estimated_tokens: int
+    # The loadout revision the system prompt comes from, and the read
+    # watermark the request was built under (0: every input up to the point).
+    loadout_revision: int = 0
+    watermark: int = 0
 
 
 class CompactionClient:
@@ -142,4 +146,6 @@ class CompactionClient:
             messages=tuple(json.loads(response.messages_json or "[]")),
             compaction_seq=response.compaction_seq,
             estimated_tokens=response.estimated_tokens,
+            loadout_revision=response.loadout_revision,
+            watermark=response.watermark,
         )

@@ -43,7 +43,11 @@ def compaction_service(
     """The compaction service, talking to the ledger and kernel at the given targets."""
     ledger = LedgerClient(ledger_target, settings)
     kernel = KernelClient(kernel_target, settings)
-    servicer = CompactionServicer(ledger, kernel, default_context_window=default_context_window)
+    # The blob store comes from the same Settings as the edge's and the
+    # runner's: the same directory or database.
+    servicer = CompactionServicer(
+        ledger, kernel, default_context_window=default_context_window, blob_settings=settings
+    )
 
     async def close() -> None:
         await servicer.close()

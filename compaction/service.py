@@ -12,11 +12,15 @@ could never be committed.
 Which inputs a request presents depends on the attempt's read watermark
 (inputs committed after it are answered by the next attempt), so Plan and
 Compact use the watermark of the current epoch, and GetContext the one of
-the epoch that committed the answer built at that point.
+the epoch that committed the answer built at that point, with the system
+prompt of the loadout revision that epoch pinned. Blobs the inputs reference
+are resolved by the same code as the runner's (`services.blob_parts`), from
+the same store.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -48,10 +52,13 @@ from compaction.policy import (
 )
 from compaction.policy.prompts import history_output_budget, turn_prefix_output_budget
 from compaction.summarizer import summarize
-from compaction.transcript import context_entries, request_messages
+from compaction.transcript import BlobParts, context_entries, request_messages
 from keel.compaction.v1 import compaction_pb2 as pb
 from keel.compaction.v1 import compaction_pb2_grpc as pb_grpc
-from kernel import KernelClient, KernelError
+from kernel import DEFAULT_LOADOUT, KernelClient, KernelError
+from services.blob_parts import BlobContent
+from services.blobs import blob_store
+from services.common.config import Settings
 from services.common.errors import unary_errors
 from services.ledger import LedgerClient
 from services.ledger import SessionNotFound as LedgerSessionNotFound
@@ -85,10 +92,10 @@ def current_watermark(facts: Sequence[CommittedFact]) -> int | None:
     return None
 
 
-def answer_watermark(facts: Sequence[CommittedFact], context_head_seq: int) -> int | None:
-    """The watermark of the request built at `context_head_seq`, if an answer
-    to it was committed (its generation id names that head); else None: a
-    request built now from everything up to that point reads every input."""
+def answering_epoch(facts: Sequence[CommittedFact], context_head_seq: int) -> CommittedFact | None:
+    """The `epoch_started` of the attempt that answered the request built at
+    `context_head_seq` (the answer's generation id names that head), or None
+    when no answer to it was committed."""
     generation = f"gen-{context_head_seq}"
     answer = next(
         (f for f in facts if f.kind == ASSISTANT and f.data.get("generationId") == generation),
@@ -102,8 +109,26 @@ def answer_watermark(facts: Sequence[CommittedFact], context_head_seq: int) -> i
             and fact.seq < answer.seq
             and fact.data.get("epoch") == answer.epoch
         ):
-            return int(fact.data["watermark"])
+            return fact
     return None
+
+
+def answer_watermark(facts: Sequence[CommittedFact], context_head_seq: int) -> int | None:
+    """The watermark of the request built at `context_head_seq`, if an answer
+    to it was committed; else None: a request built now from everything up to
+    that point reads every input."""
+    epoch = answering_epoch(facts, context_head_seq)
+    return None if epoch is None else int(epoch.data["watermark"])
+
+
+def referenced_blobs(facts: Sequence[CommittedFact], watermark: int | None) -> list[str]:
+    """Blob ids of the inputs a request under `watermark` presents."""
+    return [
+        blob_id
+        for fact in facts
+        if fact.kind == INPUT and (watermark is None or fact.seq <= watermark)
+        for blob_id in fact.data.get("blobs") or ()
+    ]
 
 
 def _seq(entries: Sequence[ContextEntry], position: int) -> int:
@@ -134,10 +159,15 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
         kernel: KernelClient,
         *,
         default_context_window: int = DEFAULT_CONTEXT_WINDOW,
+        blob_settings: Settings | None = None,
     ) -> None:
         self._ledger = ledger
         self._kernel = kernel
         self._default_window = default_context_window
+        # The blob store is opened at first use (opening it may create its
+        # table, which must not block the event loop); None: no blobs shown.
+        self._blob_settings = blob_settings
+        self._blobs: BlobContent | None = None
         # One provider per model configuration, reused across calls (real
         # providers hold HTTP connection pools).
         self._providers: dict[str, Provider] = {}
@@ -162,15 +192,33 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
         except LedgerSessionNotFound:
             raise SessionNotFound(f"no session {session_id!r}", session_id=session_id) from None
 
-    async def _loadout(self, tenant_id: str) -> Loadout:
+    async def _loadout(self, tenant_id: str, revision: int | None = None) -> Loadout:
+        """The tenant's current loadout, or the given revision of it."""
+        if revision == 0:
+            # Pinned while the tenant had no loadout stored: the default one
+            # (asking the kernel for 0 would give today's latest).
+            return Loadout.from_document(0, DEFAULT_LOADOUT)
         try:
-            document = await self._kernel.get_loadout(tenant_id)
+            document = await self._kernel.get_loadout(tenant_id, revision or 0)
         except KernelError as error:
             raise BadLoadout(
                 f"cannot read the loadout of tenant {tenant_id!r}: {error.message}",
                 tenant_id=tenant_id,
             ) from None
         return Loadout.from_document(document.revision, document.document)
+
+    async def _blob_parts(
+        self, tenant_id: str, facts: Sequence[CommittedFact], watermark: int | None
+    ) -> BlobParts | None:
+        """The resolver of the blobs a request presents, with those blobs read
+        (off the event loop) so resolving them does not block."""
+        if self._blob_settings is None:
+            return None
+        if self._blobs is None:
+            store = await asyncio.to_thread(blob_store, self._blob_settings)
+            self._blobs = self._blobs or BlobContent(store)
+        await self._blobs.prefetch(tenant_id, referenced_blobs(facts, watermark))
+        return self._blobs.resolver(tenant_id)
 
     @staticmethod
     def _settings(loadout: Loadout) -> CompactionSettings:
@@ -200,7 +248,9 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
         settings = self._settings(loadout)
         provider = self._provider(loadout.model)
         facts = await self._ledger.read_all(session_id)
-        entries = to_entries(context_entries(facts, current_watermark(facts)))
+        watermark = current_watermark(facts)
+        blob_parts = await self._blob_parts(view.tenant_id, facts, watermark)
+        entries = to_entries(context_entries(facts, watermark, blob_parts))
         window = resolve_context_window(provider.context_window, self._default_window)
         plan = plan_compaction(entries, settings, window)
         response = pb.PlanResponse(
@@ -250,7 +300,8 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
             return pb.CompactResponse(skipped_reason="compaction is disabled for this tenant")
         facts = await self._ledger.read_all(session_id)
         watermark = current_watermark(facts)
-        entries = to_entries(context_entries(facts, watermark))
+        blob_parts = await self._blob_parts(view.tenant_id, facts, watermark)
+        entries = to_entries(context_entries(facts, watermark, blob_parts))
         preparation = prepare(entries, settings)
         if preparation is None:
             return pb.CompactResponse(skipped_reason="nothing to compact")
@@ -329,10 +380,16 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
                 f"at_seq {at_seq} is past the session's head {view.head_seq}",
                 head_seq=str(view.head_seq),
             )
-        loadout = await self._loadout(view.tenant_id)
         facts = await self._ledger.read_all(session_id)
         upto = [fact for fact in facts if fact.seq <= at_seq]
-        messages = request_messages(upto, answer_watermark(facts, at_seq))
+        # The request built at at_seq is known exactly once answered: the
+        # answering epoch fixed the inputs it read and the loadout it used.
+        epoch = answering_epoch(facts, at_seq)
+        watermark = None if epoch is None else int(epoch.data["watermark"])
+        pinned = None if epoch is None else epoch.data.get("loadoutRevision")
+        loadout = await self._loadout(view.tenant_id, pinned)
+        blob_parts = await self._blob_parts(view.tenant_id, upto, watermark)
+        messages = request_messages(upto, watermark, blob_parts)
         estimate = estimate_text_tokens(loadout.system_prompt) + sum(
             message_from_dict(message).tokens for message in messages
         )
@@ -341,6 +398,8 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
             system_prompt=loadout.system_prompt,
             compaction_seq=max((f.seq for f in upto if f.kind == COMPACTION), default=0),
             estimated_tokens=estimate,
+            loadout_revision=loadout.revision,
+            watermark=watermark or 0,
         )
 
     # -- helpers --

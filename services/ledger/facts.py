@@ -142,6 +142,9 @@ def _check_epoch_started(data: Mapping[str, Any]) -> None:
     _require(data, "attemptId", EPOCH_STARTED, str)
     if _require(data, "watermark", EPOCH_STARTED, int) < 0:
         raise InvalidFact("epoch_started.watermark must be >= 0", field="watermark")
+    revision = _optional(data, "loadoutRevision", EPOCH_STARTED, int)
+    if revision is not None and revision < 0:
+        raise InvalidFact("epoch_started.loadoutRevision must be >= 0", field="loadoutRevision")
 
 
 def _check_assistant(data: Mapping[str, Any]) -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from kernel import KernelClient, Lease
+from services.blob_parts import BlobContent
+from services.blobs import blob_store
 from services.common.config import Settings
 from services.ledger import LedgerClient
 from services.runner import faults
@@ -68,6 +70,8 @@ class Runtime:
         self._tools: Mapping[str, Tool] = builtin_tools(
             CounterStore(Path(settings.data_dir) / "counter.sqlite3")
         )
+        # Set in start(): opening the store may create its table (blocking).
+        self.blobs: BlobContent | None = None
         self._claim_task: asyncio.Task[None] | None = None
         self._attachment: Any = None
         self._idle = asyncio.Event()
@@ -80,6 +84,9 @@ class Runtime:
     # -- life cycle --
 
     async def start(self) -> Runtime:
+        # The edge's store (same Settings: the same directory or database),
+        # so the model sees what clients uploaded.
+        self.blobs = BlobContent(await asyncio.to_thread(blob_store, self.settings))
         await self._register()
         self._attachment = self.kernel.attach(self.runtime_id, reregister=self._register)
         await self._attachment.wait_connected()
@@ -202,6 +209,7 @@ class Runtime:
             compaction=self.compaction,
             handoff_requested=lambda: self.drain_mode == DRAIN_HANDOFF,
             lease_ms=self.settings.lease_ms,
+            blobs=self.blobs,
         )
         # The transcript and the loadout are independent: fetch both at once.
         document, history = await asyncio.gather(

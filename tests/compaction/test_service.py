@@ -6,6 +6,7 @@ write them), so each test controls exactly what there is to compact.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from compaction.summarizer import summarize
 from compaction.transcript import context_head
 from keel.compaction.v1 import compaction_pb2 as pb
 from keel.compaction.v1 import compaction_pb2_grpc as pb_grpc
+from services.blobs import blob_store
 from services.common.config import Settings
 from services.ledger import CommittedFact, LedgerClient
 from services.runner.providers import (
@@ -49,6 +51,7 @@ from services.runner.providers import (
 )
 from services.runner.providers.scripted import long_text
 from tests.runner.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.blobs import PNG, store_blob
 
 TENANT = "svc-tenant"
 SYSTEM = "You are a compaction test."
@@ -94,12 +97,15 @@ class Writer:
     watermark: int = 0
     requests: int = 0
     owed: list[int] = field(default_factory=list)
+    # Written into epoch_started as the revision the attempt pinned, if set.
+    loadout_revision: int | None = None
 
-    async def user(self, text: str) -> int:
+    async def user(self, text: str, blobs: Sequence[str] = ()) -> int:
         self.requests += 1
-        appended = await self.ledger.append_one(
-            self.session_id, "input", {"text": text, "requestId": f"r{self.requests}"}
-        )
+        data: dict[str, Any] = {"text": text, "requestId": f"r{self.requests}"}
+        if blobs:
+            data["blobs"] = list(blobs)
+        appended = await self.ledger.append_one(self.session_id, "input", data)
         self.owed.append(appended.seq)
         return appended.seq
 
@@ -108,10 +114,15 @@ class Writer:
         self.epoch += 1
         facts = await self.ledger.read_all(self.session_id)
         self.watermark = max(f.seq for f in facts if f.kind == "input")
-        await self.write(
-            "epoch_started",
-            {"epoch": self.epoch, "runtimeId": "rt", "attemptId": "a", "watermark": self.watermark},
-        )
+        data = {
+            "epoch": self.epoch,
+            "runtimeId": "rt",
+            "attemptId": "a",
+            "watermark": self.watermark,
+        }
+        if self.loadout_revision is not None:
+            data["loadoutRevision"] = self.loadout_revision
+        await self.write("epoch_started", data)
 
     async def answer(self, text: str, tool_calls: Sequence[dict[str, Any]] = ()) -> int:
         facts = await self.ledger.read_all(self.session_id)
@@ -127,8 +138,8 @@ class Writer:
     async def tool_result(self, call_id: str, content: str) -> int:
         return await self.write("tool_result", {"toolCallId": call_id, "content": content})
 
-    async def turn(self, question: str, reply: str) -> tuple[int, int]:
-        asked = await self.user(question)
+    async def turn(self, question: str, reply: str, blobs: Sequence[str] = ()) -> tuple[int, int]:
+        asked = await self.user(question, blobs)
         await self.claim()
         return asked, await self.answer(reply)
 
@@ -303,9 +314,75 @@ async def test_context_at_a_seq_uses_the_answering_epochs_watermark(stack: Stack
     at_result = await stack.client.get_context("late", result_seq)
     assert [m["role"] for m in at_result.messages] == ["user", "assistant", "toolResult"]
     assert "late" not in json.dumps(at_result.messages)
+    # The next request: the answer to "first" came before "late" was read,
+    # so "late" follows that answer.
     after = await stack.client.get_context("late", result_seq + 1)
-    assert texts(after.messages)[:2] == ["first", "late"]
+    assert [m["role"] for m in after.messages] == [
+        "user",
+        "assistant",
+        "toolResult",
+        "assistant",
+        "user",
+    ]
+    assert texts(after.messages)[-1] == "late"
     assert calling < result_seq
+
+
+async def test_context_of_an_answer_is_what_its_attempt_was_shown(stack: Stack) -> None:
+    """The answering epoch fixes the inputs (its watermark) and the system
+    prompt (the loadout revision it pinned): neither a later input nor a
+    later loadout changes what GetContext says that request showed."""
+    pinned = (await stack.cluster.kernel.get_loadout(TENANT)).revision
+    writer = await new_session(stack, "pinned")
+    writer.loadout_revision = pinned
+    first = await writer.user("/tool clock")
+    await writer.claim()
+    await writer.answer("calling", [{"id": "c1", "name": "clock", "arguments": {}}])
+    await writer.user("arrived mid-attempt")
+    result_seq = await writer.tool_result("c1", "12:00")
+    writer.owed = [first]
+    await writer.answer("it is noon")
+
+    shown = await stack.client.get_context("pinned", result_seq)
+    assert shown.system_prompt == SYSTEM
+    assert shown.loadout_revision == pinned and shown.watermark == first
+    assert [m["role"] for m in shown.messages] == ["user", "assistant", "toolResult"]
+    assert "arrived mid-attempt" not in json.dumps(shown.messages)
+
+    await stack.cluster.kernel.put_loadout(TENANT, {**LOADOUT, "systemPrompt": "Be new."})
+    assert await stack.client.get_context("pinned", result_seq) == shown
+    # What a request built now would show: today's loadout, every input.
+    now = await stack.client.get_context("pinned")
+    assert now.system_prompt == "Be new." and now.loadout_revision > pinned
+    assert now.watermark == 0 and texts(now.messages)[-1] == "arrived mid-attempt"
+
+
+async def test_context_pinned_before_any_loadout_shows_the_default_one(stack: Stack) -> None:
+    await stack.cluster.kernel.create_tenant("bare")
+    await stack.cluster.ledger.create_session("bare-1", "bare")
+    writer = Writer(stack.cluster.ledger, "bare-1", loadout_revision=0)
+    asked, _ = await writer.turn("hello", "hi")
+    default = await stack.client.get_context("bare-1", asked)
+    await stack.cluster.kernel.put_loadout("bare", {**LOADOUT, "systemPrompt": "Later."})
+    assert await stack.client.get_context("bare-1", asked) == default
+    assert default.loadout_revision == 0 and default.system_prompt != "Later."
+
+
+async def test_context_shows_an_inputs_blobs(stack: Stack) -> None:
+    store = blob_store(stack.cluster.settings)
+    image = store_blob(store, PNG, "image/png", tenant=TENANT)
+    notes = store_blob(store, b"line one\nline two\n", "text/plain", tenant=TENANT)
+    elsewhere = store_blob(store, b"not yours", "text/plain", tenant="another-tenant")
+    writer = await new_session(stack, "blobs")
+    asked, _ = await writer.turn("look", "seen", [image, notes, elsewhere])
+
+    (message,) = (await stack.client.get_context("blobs", asked)).messages
+    assert message["content"] == [
+        {"type": "text", "text": "look"},
+        {"type": "image", "data": base64.b64encode(PNG).decode(), "mimeType": "image/png"},
+        {"type": "text", "text": f"Attachment {notes} (text/plain):\nline one\nline two\n"},
+        {"type": "text", "text": f"[Attachment {elsewhere} is not available.]"},
+    ]
 
 
 async def test_bad_requests_get_clear_status_codes(stack: Stack) -> None:

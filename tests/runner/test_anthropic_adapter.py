@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +26,7 @@ from services.runner.providers import (
     provider_from_loadout,
 )
 from tests.runner.wire_servers import WireServer, error_reply, event_frame, sse_reply
+from tests.support.blobs import PNG, attached
 
 MODEL = "claude-test"
 CLOCK = ToolSpec("clock", "Current time.", {"type": "object", "properties": {"tz": {}}})
@@ -267,6 +270,28 @@ async def test_transcript_is_converted(server: WireServer, provider: AnthropicMe
             ],
         },
     ]
+
+
+async def test_an_inputs_blobs_become_wire_blocks_in_order(
+    server: WireServer, provider: AnthropicMessages, tmp_path: Path
+) -> None:
+    server.queue(sse_reply(text_answer("ok")))
+    notes = b'{"todo": ["oat milk"]}'
+    message = attached(tmp_path, "compare", (PNG, "image/png"), (notes, "application/json"))
+    await collect(provider, ModelRequest(system="", messages=(message,)))
+
+    (user_turn,) = server.received[0].body["messages"]
+    file_text = message["content"][2]["text"]
+    assert file_text.endswith(":\n" + notes.decode())
+    png = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(PNG).decode()}
+    assert user_turn == {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "compare"},
+            {"type": "image", "source": png},
+            {"type": "text", "text": file_text, "cache_control": EPHEMERAL},
+        ],
+    }
 
 
 async def test_redacted_thinking_round_trips(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 from collections.abc import AsyncGenerator, AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +26,7 @@ from services.runner.providers import (
     provider_from_loadout,
 )
 from tests.runner.wire_servers import WireServer, data_frame, error_reply, sse_reply
+from tests.support.blobs import PNG, attached
 
 MODEL = "gpt-test"
 CLOCK = ToolSpec("clock", "Current time.", {"type": "object", "properties": {}})
@@ -235,6 +238,28 @@ async def test_transcript_is_converted(server: WireServer, provider: OpenAICompa
         },
         {"role": "user", "content": "And now?"},
     ]
+
+
+async def test_an_inputs_blobs_become_wire_parts_in_order(
+    server: WireServer, provider: OpenAICompatible, tmp_path: Path
+) -> None:
+    server.queue(sse_reply([chunk({"content": "ok"}), chunk(finish="stop"), DONE]))
+    notes = b"name,qty\noat milk,2\n"
+    message = attached(tmp_path, "compare", (PNG, "image/png"), (notes, "text/csv"))
+    await collect(provider, ModelRequest(system="", messages=(message,)))
+
+    (user_message,) = server.received[0].body["messages"]
+    png_url = "data:image/png;base64," + base64.b64encode(PNG).decode()
+    file_text = message["content"][2]["text"]
+    assert file_text.endswith(":\n" + notes.decode())
+    assert user_message == {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "compare"},
+            {"type": "image_url", "image_url": {"url": png_url}},
+            {"type": "text", "text": file_text},
+        ],
+    }
 
 
 @pytest.mark.parametrize(

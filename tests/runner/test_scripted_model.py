@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from compaction.policy import (
+    SUMMARY_INTRO,
     CompactionSettings,
     estimate_text_tokens,
     is_context_overflow,
@@ -364,6 +365,110 @@ async def test_failsummary_makes_the_summarizer_fail() -> None:
     assert not isinstance(caught.value, ContextOverflow)
     # In an ordinary turn it is just text.
     assert text_of(await answer(turn(user("/failsummary")))) == "You said: /failsummary"
+
+
+async def test_slowsummary_makes_the_summary_stream_take_that_long() -> None:
+    request = summary_request((user("/slowsummary 0.3 then summarize"), *CONVERSATION))
+    started = time.monotonic()
+    completed = await answer(request)
+    assert time.monotonic() - started >= 0.3  # paced over at least the asked time
+    assert "## Goal" in text_of(completed)
+    # In an ordinary turn it is just text.
+    assert text_of(await answer(turn(user("/slowsummary 5")))) == "You said: /slowsummary 5"
+
+
+# -- a batch: several inputs answered by one request --
+
+EARLIER = (user("earlier"), {"role": "assistant", "content": [{"type": "text", "text": "ok"}]})
+
+
+async def test_every_input_of_a_batch_is_acted_on() -> None:
+    batch = (
+        user("hello there"),
+        user('/tool counter {"key":"a"}'),
+        user('/tool counter {"key":"b"}'),
+    )
+    calling = await answer(turn(*EARLIER, *batch))
+    assert calling.stop_reason == "toolUse"
+    assert [(c["name"], c["arguments"]) for c in calling.tool_calls] == [
+        ("counter", {"key": "a"}),
+        ("counter", {"key": "b"}),
+    ]
+    assert len({c["id"] for c in calling.tool_calls}) == 2
+    assert text_of(calling) == "Calling counter, counter."
+    # A successor re-running the same request proposes the same calls.
+    assert (await answer(turn(*EARLIER, *batch))).tool_calls == calling.tool_calls
+
+    first, second = calling.tool_calls
+    results = (tool_result(first, "a is 1"), tool_result(second, "b is 1"))
+    final = await answer(turn(*EARLIER, *batch, assistant_fact(calling), *results))
+    assert final.tool_calls == () and final.stop_reason == "stop"
+    assert text_of(final).splitlines() == [
+        "You said: hello there",
+        "Tool counter returned: a is 1",
+        "Tool counter returned: b is 1",
+    ]
+
+
+async def test_a_batch_adds_up_its_commands() -> None:
+    started = time.monotonic()
+    completed = await answer(
+        turn(*EARLIER, user("/slow 0.2 one"), user("/think two"), user("/slow 0.2 three"))
+    )
+    assert time.monotonic() - started >= 0.4  # both durations, one after the other
+    thinking, text = completed.content
+    assert thinking["type"] == "thinking" and "two" in thinking["thinking"]
+    assert text["text"].splitlines() == ["You said: one", "You said: two", "You said: three"]
+
+    with pytest.raises(ProviderError, match="scripted failure"):
+        await run(turn(*EARLIER, user("fine"), user("/fail"), user("also fine")))
+
+
+async def test_inputs_shown_after_a_tool_round_get_their_own_calls() -> None:
+    # A successor with a higher watermark: new inputs follow the results of
+    # the calls its predecessor made.
+    ask = user("/tool clock")
+    calling = await answer(turn(*EARLIER, ask))
+    (clock,) = calling.tool_calls
+    round_one = (ask, assistant_fact(calling), tool_result(clock, "12:00"))
+    late = (user("and this"), user('/tool counter {"key":"late"}'))
+    more = await answer(turn(*EARLIER, *round_one, *late))
+    assert [c["name"] for c in more.tool_calls] == ["counter"]
+    assert clock["id"] not in {c["id"] for c in more.tool_calls}
+
+    (counter,) = more.tool_calls
+    final = await answer(
+        turn(*EARLIER, *round_one, *late, assistant_fact(more), tool_result(counter, "1"))
+    )
+    assert final.tool_calls == ()
+    assert text_of(final).splitlines() == [
+        "You said: and this",
+        "Tool clock returned: 12:00",
+        "Tool counter returned: 1",
+    ]
+
+
+async def test_the_same_command_later_in_the_session_gets_new_ids() -> None:
+    ask = user('/tool counter {"key":"k"}')
+    first = await answer(turn(ask))
+    # The same text at the same position, after a compaction shortened the
+    # history: a different request, so different ids.
+    summary = user(SUMMARY_INTRO + "\n\n<summary>\nearlier work\n</summary>")
+    later = await answer(turn(summary, ask))
+    moved_first = await answer(turn(user("x"), ask))
+    assert later.tool_calls[0]["id"] != first.tool_calls[0]["id"]
+    assert later.tool_calls[0]["id"] != moved_first.tool_calls[0]["id"]
+    # The summary is history, not an input to act on.
+    assert [c["name"] for c in later.tool_calls] == ["counter"]
+
+
+async def test_attachments_do_not_change_the_command() -> None:
+    image = {"type": "image", "data": "AAAA", "mimeType": "image/png"}
+    notes = {"type": "text", "text": "Attachment blob-x (text/plain):\n/tool clock"}
+    message = {"role": "user", "content": [{"type": "text", "text": "look"}, image, notes]}
+    completed = await answer(turn(message))
+    assert completed.tool_calls == ()
+    assert text_of(completed) == "You said: look\nAttachments: 1 image(s), 1 text part(s)."
 
 
 def test_loadout_builds_the_scripted_model() -> None:

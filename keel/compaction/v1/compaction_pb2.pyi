@@ -174,11 +174,21 @@ class GetContextResponse(_message.Message):
     SYSTEM_PROMPT_FIELD_NUMBER: _builtins.int
     COMPACTION_SEQ_FIELD_NUMBER: _builtins.int
     ESTIMATED_TOKENS_FIELD_NUMBER: _builtins.int
+    LOADOUT_REVISION_FIELD_NUMBER: _builtins.int
+    WATERMARK_FIELD_NUMBER: _builtins.int
     messages_json: _builtins.str
     """JSON array of messages after the system prompt, in order."""
     system_prompt: _builtins.str
     compaction_seq: _builtins.int
     estimated_tokens: _builtins.int
+    loadout_revision: _builtins.int
+    """The loadout revision whose system prompt the request carried: the one
+    the answering epoch pinned (the current one when nothing answered yet).
+    """
+    watermark: _builtins.int
+    """The read watermark the request was built under: inputs after it were
+    not shown (0 = every input up to at_seq).
+    """
     def __init__(
         self,
         *,
@@ -186,10 +196,12 @@ class GetContextResponse(_message.Message):
         system_prompt: _builtins.str = ...,
         compaction_seq: _builtins.int = ...,
         estimated_tokens: _builtins.int = ...,
+        loadout_revision: _builtins.int = ...,
+        watermark: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction_seq", b"compaction_seq", "estimated_tokens", b"estimated_tokens", "messages_json", b"messages_json", "system_prompt", b"system_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction_seq", b"compaction_seq", "estimated_tokens", b"estimated_tokens", "loadout_revision", b"loadout_revision", "messages_json", b"messages_json", "system_prompt", b"system_prompt", "watermark", b"watermark"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

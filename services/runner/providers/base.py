@@ -46,6 +46,10 @@ class ModelRequest:
     # The compaction policy's token estimate of `messages`, when the caller
     # has it already (the runner does): spares re-parsing the whole context.
     messages_tokens: int | None = None
+    # The id the answer will be committed under (`gen-<context head>`), so a
+    # recorded request can be matched with the answer it produced ("" when
+    # the request answers nothing, e.g. a summary).
+    generation_id: str = ""
 
 
 @dataclass(frozen=True)

@@ -95,9 +95,13 @@ def _split_content(content: Any) -> tuple[str, list[dict[str, Any]]]:
         if block.get("type") == "text":
             texts.append(block.get("text", ""))
         elif block.get("type") == "image":
-            url = f"data:{block.get('mimeType', 'image/png')};base64,{block.get('data', '')}"
-            images.append({"type": "image_url", "image_url": {"url": url}})
+            images.append(_image_url(block))
     return "\n".join(texts), images
+
+
+def _image_url(block: Mapping[str, Any]) -> dict[str, Any]:
+    url = f"data:{block.get('mimeType', 'image/png')};base64,{block.get('data', '')}"
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _user_content(content: Any) -> str | list[dict[str, Any]]:
@@ -105,7 +109,15 @@ def _user_content(content: Any) -> str | list[dict[str, Any]]:
     # A plain string where possible: some compatible servers reject part arrays.
     if not images:
         return text
-    return [{"type": "text", "text": text}, *images] if text else images
+    # With images, every part in its place: an input's text, then each
+    # attachment (an image, or a file's text) in the order it was attached.
+    parts: list[dict[str, Any]] = []
+    for block in content:
+        if block.get("type") == "text" and block.get("text"):
+            parts.append({"type": "text", "text": block["text"]})
+        elif block.get("type") == "image":
+            parts.append(_image_url(block))
+    return parts
 
 
 def _assistant_message(content: Any) -> dict[str, Any] | None:

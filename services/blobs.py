@@ -1,0 +1,338 @@
+"""Blobs: resumable uploads by offset, and what a model is shown of one.
+
+Create with the total length, then append chunks, each sent with the offset
+the client believes the upload has reached; a wrong offset is refused with
+the real one, so a client that lost a response asks and resumes instead of
+duplicating bytes. When the last byte arrives the blob is complete and carries
+its SHA-256. Inputs reference complete blobs by id.
+
+SQLite/embedded deployments keep blobs on disk under the data dir; with
+PostgreSQL they live in a table, so every edge replica, runner and compaction
+service sees every upload. Every service builds its store from the same
+Settings (`blob_store`), which is how `keel up` makes them share one.
+
+A blob id is only ever the `blob-<24 hex>` form `create` makes; anything else
+is "not found" before it comes near a path or a query.
+
+This module is a leaf: the edge, the runner and the compaction service all
+import it, it imports none of them. What a model sees of a blob is in
+`services.blob_parts`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+import psycopg
+from psycopg import sql
+
+from services.common.config import Settings
+from services.common.errors import KeelError
+
+MAX_BLOB_BYTES = 64 << 20
+_BLOB_ID = re.compile(r"blob-[0-9a-f]{24}")
+# Serializes the table's creation across processes sharing one schema.
+_CREATE_LOCK_KEY = 4242
+
+
+class BlobError(KeelError):
+    """Root of every refusal of the blob store::
+
+    BlobError               UNKNOWN              BLOB_ERROR
+     ├── BlobNotFound       NOT_FOUND            BLOB_NOT_FOUND
+     ├── InvalidBlobLength  INVALID_ARGUMENT     INVALID_BLOB_LENGTH
+     ├── WrongBlobOffset    FAILED_PRECONDITION  WRONG_BLOB_OFFSET
+     ├── BlobIncomplete     FAILED_PRECONDITION  BLOB_INCOMPLETE
+     └── ChunkPastLength    OUT_OF_RANGE         CHUNK_PAST_LENGTH
+    """
+
+    code = grpc.StatusCode.UNKNOWN
+    reason = "BLOB_ERROR"
+
+
+class BlobNotFound(BlobError):
+    """No such blob for this tenant (including ids of a shape the store never makes)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "BLOB_NOT_FOUND"
+
+
+class InvalidBlobLength(BlobError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "INVALID_BLOB_LENGTH"
+
+
+class WrongBlobOffset(BlobError):
+    """The chunk was sent at another offset than the upload has reached."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "WRONG_BLOB_OFFSET"
+
+
+class BlobIncomplete(BlobError):
+    """The blob's bytes cannot be read before its last byte has arrived."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "BLOB_INCOMPLETE"
+
+
+class ChunkPastLength(BlobError):
+    """The chunk would make the blob longer than its declared length."""
+
+    code = grpc.StatusCode.OUT_OF_RANGE
+    reason = "CHUNK_PAST_LENGTH"
+
+
+def check_blob_id(blob_id: object) -> str:
+    """`blob_id` if it has the only shape the store makes; else BlobNotFound."""
+    if not isinstance(blob_id, str) or _BLOB_ID.fullmatch(blob_id) is None:
+        raise BlobNotFound("no such blob")
+    return blob_id
+
+
+def _not_found(blob_id: str) -> BlobNotFound:
+    return BlobNotFound("no such blob", blob_id=blob_id)
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    id: str
+    tenant_id: str
+    length: int
+    offset: int
+    content_type: str
+    sha256: str
+
+    @property
+    def complete(self) -> bool:
+        return self.offset == self.length
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "length": self.length,
+            "offset": self.offset,
+            "contentType": self.content_type,
+            "complete": self.complete,
+            "sha256": self.sha256 or None,
+        }
+
+
+class BlobStore(Protocol):
+    """Blocking calls (file or database I/O): async callers use a thread."""
+
+    def create(self, tenant_id: str, length: int, content_type: str) -> BlobInfo: ...
+
+    def get(self, tenant_id: str, blob_id: str) -> BlobInfo: ...
+
+    def append(self, tenant_id: str, blob_id: str, offset: int, chunk: bytes) -> BlobInfo: ...
+
+    def read(self, tenant_id: str, blob_id: str) -> bytes:
+        """The bytes of a complete blob (BlobIncomplete before the last byte)."""
+        ...
+
+
+def _check_length(length: int) -> None:
+    if length <= 0 or length > MAX_BLOB_BYTES:
+        raise InvalidBlobLength(f"length must be between 1 and {MAX_BLOB_BYTES} bytes")
+
+
+def _check_chunk(info: BlobInfo, offset: int, chunk: bytes) -> None:
+    if offset != info.offset:
+        raise WrongBlobOffset(
+            f"upload is at offset {info.offset}, not {offset}", offset=str(info.offset)
+        )
+    if info.offset + len(chunk) > info.length:
+        raise ChunkPastLength("chunk goes past the declared length")
+
+
+def _new_id() -> str:
+    return f"blob-{secrets.token_hex(12)}"
+
+
+class DiskBlobStore:
+    """`<root>/<id>.json` (the BlobInfo) beside `<root>/<id>.bin` (the bytes)."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def _meta(self, blob_id: str) -> Path:
+        return self._root / f"{check_blob_id(blob_id)}.json"
+
+    def _data(self, blob_id: str) -> Path:
+        return self._root / f"{check_blob_id(blob_id)}.bin"
+
+    def create(self, tenant_id: str, length: int, content_type: str) -> BlobInfo:
+        _check_length(length)
+        info = BlobInfo(_new_id(), tenant_id, length, 0, content_type, "")
+        with self._lock:
+            self._data(info.id).write_bytes(b"")
+            self._meta(info.id).write_text(json.dumps(asdict(info)))
+        return info
+
+    def get(self, tenant_id: str, blob_id: str) -> BlobInfo:
+        try:
+            info = BlobInfo(**json.loads(self._meta(blob_id).read_text()))
+        except (OSError, ValueError, TypeError):
+            raise _not_found(blob_id) from None
+        if info.tenant_id != tenant_id:
+            raise _not_found(blob_id)
+        return info
+
+    def append(self, tenant_id: str, blob_id: str, offset: int, chunk: bytes) -> BlobInfo:
+        with self._lock:
+            info = self.get(tenant_id, blob_id)
+            _check_chunk(info, offset, chunk)
+            with self._data(blob_id).open("r+b") as handle:
+                # Bytes past the recorded offset are a chunk whose metadata
+                # never got written (a crash in between): the client sends it
+                # again at the recorded offset, so it replaces them.
+                handle.truncate(info.offset)
+                handle.seek(info.offset)
+                handle.write(chunk)
+                handle.flush()
+                os.fsync(handle.fileno())
+            new_offset = info.offset + len(chunk)
+            digest = ""
+            if new_offset == info.length:
+                digest = hashlib.sha256(self._data(blob_id).read_bytes()).hexdigest()
+            info = BlobInfo(**(asdict(info) | {"offset": new_offset, "sha256": digest}))
+            temp = self._meta(blob_id).with_suffix(".tmp")
+            temp.write_text(json.dumps(asdict(info)))
+            temp.replace(self._meta(blob_id))
+            return info
+
+    def read(self, tenant_id: str, blob_id: str) -> bytes:
+        info = self.get(tenant_id, blob_id)
+        if not info.complete:
+            raise BlobIncomplete(f"blob {blob_id} is not completely uploaded", blob_id=blob_id)
+        with self._data(blob_id).open("rb") as handle:
+            return handle.read(info.length)
+
+
+_COLUMNS = "id, tenant_id, length, upload_offset, content_type, sha256"
+
+
+class PostgresBlobStore:
+    def __init__(self, settings: Settings) -> None:
+        self._url = settings.database_url
+        # The table keeps the name it had when only the edge used it, so
+        # existing deployments keep their uploads.
+        self._table = sql.Identifier(settings.pg_schema, "edge_blobs")
+        with psycopg.connect(self._url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(settings.pg_schema))
+            )
+            conn.execute("SELECT pg_advisory_lock(%s)", (_CREATE_LOCK_KEY,))
+            try:
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} (id text PRIMARY KEY,"
+                        " tenant_id text NOT NULL,"
+                        " length bigint NOT NULL, upload_offset bigint NOT NULL,"
+                        " content_type text NOT NULL, sha256 text NOT NULL DEFAULT '',"
+                        " data bytea NOT NULL DEFAULT ''::bytea)"
+                    ).format(self._table)
+                )
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (_CREATE_LOCK_KEY,))
+
+    @staticmethod
+    def _info(row: tuple[object, ...] | None, tenant_id: str, blob_id: str) -> BlobInfo:
+        if row is None or row[1] != tenant_id:
+            raise _not_found(blob_id)
+        found_id, tenant, length, offset, content_type, digest = row[:6]
+        return BlobInfo(
+            str(found_id),
+            str(tenant),
+            int(str(length)),
+            int(str(offset)),
+            str(content_type),
+            str(digest),
+        )
+
+    def create(self, tenant_id: str, length: int, content_type: str) -> BlobInfo:
+        _check_length(length)
+        blob_id = _new_id()
+        with psycopg.connect(self._url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (id, tenant_id, length, upload_offset, content_type)"
+                    " VALUES (%s, %s, %s, 0, %s)"
+                ).format(self._table),
+                (blob_id, tenant_id, length, content_type),
+            )
+        return BlobInfo(blob_id, tenant_id, length, 0, content_type, "")
+
+    def get(self, tenant_id: str, blob_id: str) -> BlobInfo:
+        check_blob_id(blob_id)
+        with psycopg.connect(self._url, autocommit=True) as conn:
+            row = conn.execute(
+                sql.SQL(f"SELECT {_COLUMNS} FROM {{}} WHERE id = %s").format(self._table),
+                (blob_id,),
+            ).fetchone()
+        return self._info(row, tenant_id, blob_id)
+
+    def append(self, tenant_id: str, blob_id: str, offset: int, chunk: bytes) -> BlobInfo:
+        check_blob_id(blob_id)
+        with psycopg.connect(self._url) as conn:
+            row = conn.execute(
+                sql.SQL(f"SELECT {_COLUMNS} FROM {{}} WHERE id = %s FOR UPDATE").format(
+                    self._table
+                ),
+                (blob_id,),
+            ).fetchone()
+            info = self._info(row, tenant_id, blob_id)
+            _check_chunk(info, offset, chunk)
+            new_offset = info.offset + len(chunk)
+            conn.execute(
+                sql.SQL("UPDATE {} SET data = data || %s, upload_offset = %s WHERE id = %s").format(
+                    self._table
+                ),
+                (chunk, new_offset, blob_id),
+            )
+            digest = ""
+            if new_offset == info.length:
+                data = conn.execute(
+                    sql.SQL("SELECT data FROM {} WHERE id = %s").format(self._table), (blob_id,)
+                ).fetchone()
+                assert data is not None
+                digest = hashlib.sha256(bytes(data[0])).hexdigest()
+                conn.execute(
+                    sql.SQL("UPDATE {} SET sha256 = %s WHERE id = %s").format(self._table),
+                    (digest, blob_id),
+                )
+            conn.commit()
+        return BlobInfo(**(asdict(info) | {"offset": new_offset, "sha256": digest}))
+
+    def read(self, tenant_id: str, blob_id: str) -> bytes:
+        check_blob_id(blob_id)
+        with psycopg.connect(self._url, autocommit=True) as conn:
+            row = conn.execute(
+                sql.SQL(f"SELECT {_COLUMNS}, data FROM {{}} WHERE id = %s").format(self._table),
+                (blob_id,),
+            ).fetchone()
+        info = self._info(row, tenant_id, blob_id)
+        if not info.complete:
+            raise BlobIncomplete(f"blob {blob_id} is not completely uploaded", blob_id=blob_id)
+        assert row is not None
+        return bytes(row[6])
+
+
+def blob_store(settings: Settings) -> BlobStore:
+    """The store every service of a deployment shares (blocking: it may
+    create the table)."""
+    if settings.uses_postgres:
+        return PostgresBlobStore(settings)
+    return DiskBlobStore(Path(settings.data_dir) / "blobs")
