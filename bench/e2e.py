@@ -161,7 +161,7 @@ async def _run(url: str, port: int, turns: int, clients: int, facts: int) -> dic
 
 
 def _time_broadcasts(port: int, session: str, clients: int, facts: int) -> list[float]:
-    """Commit (a cancel, through the edge) -> arrival at each of `clients`
+    """Commit (an input, through the edge) -> arrival at each of `clients`
     SSE clients of the session, over `facts` commits."""
     followers = Followers(port, f"/v1/sessions/{session}/events?after=1", BENCH_KEY, clients)
     arrivals: list[float] = []
@@ -172,7 +172,10 @@ def _time_broadcasts(port: int, session: str, clients: int, facts: int) -> list[
         for round_ in range(facts + WARMUP_FACTS):
             # Timed from just before the POST: the request's own latency is
             # included, so the figure is pessimistic.
-            arrived = followers.post_and_time(f"/v1/sessions/{session}/cancel", "cancelled")
+            body = json.dumps({"text": f"broadcast {round_}", "requestId": f"b-{round_}"})
+            arrived = followers.post_and_time(
+                f"/v1/sessions/{session}/inputs", body.encode(), "input"
+            )
             if round_ >= WARMUP_FACTS:
                 arrivals.extend(arrived)
     finally:

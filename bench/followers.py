@@ -54,9 +54,11 @@ class Followers:
         # across two reads is still recognised.
         self._tails = {sock.fileno(): b"" for sock in self._socks}
 
-    def post_and_time(self, path: str, event: str, deadline_s: float = 30.0) -> list[float]:
-        """POSTs `path`, then the milliseconds from just before the POST until
-        each connection has received a frame of `event`."""
+    def post_and_time(
+        self, path: str, body: bytes, event: str, deadline_s: float = 30.0
+    ) -> list[float]:
+        """POSTs `body` (JSON) to `path`, then the milliseconds from just before
+        the POST until each connection has received a frame of `event`."""
         # sse-starlette ends lines with CRLF; either line ending is accepted.
         markers = (f"event: {event}\r\n".encode(), f"event: {event}\n".encode())
         waiting = {sock.fileno(): sock for sock in self._socks}
@@ -66,7 +68,9 @@ class Followers:
         started = time.perf_counter()
         request.sendall(
             f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {self._key}\r\n"
-            "Content-Length: 0\r\nConnection: close\r\n\r\n".encode()
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
         )
         try:
             while waiting:

@@ -11,28 +11,43 @@ the ledger up to where the broadcast began, so there is neither a gap nor a
 repeat at the seam (facts at or below the client's cursor are skipped; a gap
 in the broadcast, which a slow consumer can cause, is filled from the ledger).
 
-Partials (`Partial`, `StatusChange`) come from the session's owner. The watch
-re-attaches whenever an `epoch_started` fact shows that the owner changed;
-the fact names the owner's runtime, so the kernel is asked only when a
-client joins mid-attempt.
+Partials (`Partial`, `StatusChange`) come from the runner of the attempt. An
+`epoch_started` fact names the attempt and its runtime, and the watch
+attaches to exactly that attempt (the kernel is asked only when a client
+joins mid-attempt). The runner replays what the attempt streamed before the
+watch began - with an instant model that is all of it - and marks where the
+replay ends. Until then the facts after that `epoch_started` are held back
+(in order, at most HOLD_S and HOLD_FACTS), so a client sees an attempt's
+deltas before the answer they preview, as it would from a slower model. A
+newer attempt ends the watch of the older one at once.
+
+Each client also drops deltas of a generation whose assistant fact it has
+been sent: a late delta would start a preview no fact ever ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeAlias
 
 from services.common.errors import KeelError
 from services.ledger import CommittedFact, LedgerClient
 from services.runner.client import RunnerClient
-from services.runner.hub import Partial, StatusChange
+from services.runner.hub import Partial, ReplayEnd, StatusChange
 
 log = logging.getLogger("keel.edge.fanout")
 CLIENT_BUFFER = 1024
+# An attempt's facts wait for the replay of its partials at most this long,
+# and at most this many (past either, they go out: facts are never late for
+# the sake of a preview by more than that).
+HOLD_S = 2.0
+HOLD_FACTS = 256
+# Per client: answered generations remembered to drop their late deltas.
+ANSWERED_GENERATIONS = 64
 _CLOSED = object()
 IDLE = StatusChange("idle", 0)
 
@@ -92,6 +107,25 @@ OwnerLookup = Callable[[str], Awaitable[RunnerClient | None]]
 RunnerLookup = Callable[[str], Awaitable[RunnerClient | None]]
 
 
+@dataclass(frozen=True)
+class _Attempt:
+    """An attempt as its epoch_started fact names it."""
+
+    runtime_id: str
+    epoch: int
+    attempt_id: str
+
+    @classmethod
+    def of(cls, fact: CommittedFact) -> _Attempt:
+        data = fact.data
+        epoch = data.get("epoch")
+        return cls(
+            runtime_id=str(data.get("runtimeId") or ""),
+            epoch=epoch if isinstance(epoch, int) and epoch > 0 else fact.epoch,
+            attempt_id=str(data.get("attemptId") or ""),
+        )
+
+
 class SessionFanout:
     def __init__(self, hub: FanoutHub, session_id: str) -> None:
         self._hub = hub
@@ -99,8 +133,17 @@ class SessionFanout:
         self._clients: set[Inbox] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._owner_changed = asyncio.Event()
-        # The runtime named by the latest epoch_started not yet attached to.
-        self._owner_hint = ""
+        # The attempt named by the latest epoch_started not yet attached to
+        # (None: ask the kernel who owns the session).
+        self._next: _Attempt | None = None
+        # The epoch the current watch follows (from its first status), and
+        # the same once its replay is through.
+        self._watch_epoch = 0
+        self._live_epoch = 0
+        # Facts waiting for the replay of this epoch's partials (0: none).
+        self._holding = 0
+        self._held: deque[CommittedFact] = deque()
+        self._hold_timer: asyncio.TimerHandle | None = None
         self.status: StatusChange = IDLE
 
     def join(self) -> Inbox:
@@ -132,39 +175,116 @@ class SessionFanout:
         for inbox in list(self._clients):
             inbox.put(item)
 
+    # -- facts --
+
     async def _follow_facts(self) -> None:
         ledger = self._hub.ledger
         try:
             head = (await ledger.get_session(self._session_id)).head_seq
             async for fact in ledger.subscribe(self._session_id, head):
-                self._broadcast(fact)
-                if fact.kind == "epoch_started":
-                    self._owner_hint = str(fact.data.get("runtimeId") or "")
-                    self._owner_changed.set()
+                self._deliver(fact)
         except KeelError as error:
             log.info("fan-out of %s ended: %s", self._session_id, error)
         finally:
+            self._stop_holding()
+            while self._held:
+                self._broadcast(self._held.popleft())
             self._broadcast(_CLOSED)
+
+    def _deliver(self, fact: CommittedFact) -> None:
+        """Broadcasts a fact, or holds it (and every later one, keeping the
+        order) while an attempt's replay is due."""
+        if self._holding:
+            self._held.append(fact)
+            if len(self._held) >= HOLD_FACTS:
+                self._end_hold(self._holding)
+            return
+        self._broadcast(fact)
+        if fact.kind == "epoch_started":
+            self._attach(_Attempt.of(fact))
+
+    def _attach(self, attempt: _Attempt) -> None:
+        if attempt.epoch and attempt.epoch == self._watch_epoch:
+            # The watch opened at join already follows this attempt: no second
+            # replay (it would send the client every delta twice).
+            if self._live_epoch != attempt.epoch:
+                self._hold(attempt.epoch)
+            return
+        self._next = attempt
+        self._owner_changed.set()
+        if attempt.runtime_id:
+            self._hold(attempt.epoch)
+
+    def _hold(self, epoch: int) -> None:
+        self._holding = epoch
+        self._hold_timer = asyncio.get_running_loop().call_later(HOLD_S, self._end_hold, epoch)
+
+    def _stop_holding(self) -> None:
+        self._holding = 0
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+
+    def _end_hold(self, epoch: int) -> None:
+        """The attempt's replay is through (or will never come): the facts
+        held for it go out, up to the next epoch_started, which may hold the
+        rest for its own attempt."""
+        if not epoch or epoch != self._holding:
+            return
+        self._stop_holding()
+        while self._held and not self._holding:
+            self._deliver(self._held.popleft())
+
+    # -- partials --
 
     async def _follow_owner(self) -> None:
         while True:
             await self._owner_changed.wait()
             self._owner_changed.clear()
-            hint, self._owner_hint = self._owner_hint, ""
-            if hint:
-                runner = await self._hub.runner_of(hint)
+            attempt, self._next = self._next, None
+            watching = asyncio.create_task(self._watch(attempt))
+            changed = asyncio.create_task(self._owner_changed.wait())
+            try:
+                # A newer attempt started: the one watched is over, and a
+                # stuck stream (a partitioned runner) must not keep the
+                # client from the new one.
+                await asyncio.wait({watching, changed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (watching, changed):
+                    task.cancel()
+                await asyncio.gather(watching, changed, return_exceptions=True)
+                watched, self._watch_epoch, self._live_epoch = self._watch_epoch, 0, 0
+                # Whatever the watch did not replay will not come from it.
+                self._end_hold(watched)
+                if attempt is not None:
+                    self._end_hold(attempt.epoch)
+            if not self._owner_changed.is_set() and self.status.state != "idle":
+                self.status = IDLE
+                self._broadcast(IDLE)
+
+    async def _watch(self, attempt: _Attempt | None) -> None:
+        """Relays one watch of the owner's partials until it ends or fails."""
+        epoch, attempt_id = (attempt.epoch, attempt.attempt_id) if attempt else (0, "")
+        try:
+            if attempt is not None and attempt.runtime_id:
+                runner = await self._hub.runner_of(attempt.runtime_id)
             else:
                 runner = await self._hub.owner_of(self._session_id)
             if runner is None:
-                continue
-            with contextlib.suppress(KeelError):
-                async for event in runner.watch(self._session_id):
-                    if isinstance(event, StatusChange):
-                        self.status = event
-                    self._broadcast(event)
-            if self.status != IDLE:
-                self.status = IDLE
-                self._broadcast(IDLE)
+                return
+            async for event in runner.watch(self._session_id, epoch, attempt_id):
+                if isinstance(event, ReplayEnd):
+                    self._live_epoch = self._watch_epoch
+                    self._end_hold(self._watch_epoch)
+                    continue
+                if isinstance(event, StatusChange):
+                    self._watch_epoch = self._watch_epoch or event.epoch
+                    self.status = event
+                self._broadcast(event)
+        except KeelError as error:
+            log.debug("watch of %s ended: %s", self._session_id, error)
+        except Exception:  # a bug must not silently stop the session's partials
+            log.exception("watch of %s failed", self._session_id)
 
 
 class FanoutHub:
@@ -201,14 +321,16 @@ class FanoutHub:
             fanout = self._sessions[session_id] = SessionFanout(self, session_id)
         inbox = fanout.join()
         cursor = after
+        answered = _Answered()
         try:
             if self.draining:
                 yield [DRAIN]
                 return
             async for page in _catch_up_facts(self.ledger, session_id, cursor):
+                answered.note_all(page)
                 yield list(page)
                 cursor = page[-1].seq
-            if fanout.status != IDLE:
+            if fanout.status.state != "idle":
                 # Whoever works on the session now, as far as this edge knows.
                 yield [fanout.status]
             while True:
@@ -220,17 +342,23 @@ class FanoutHub:
                         if batch:
                             yield batch
                         return
+                    if isinstance(item, Partial):
+                        if item.generation_id not in answered:
+                            batch.append(item)
+                        continue
                     if not isinstance(item, CommittedFact):
-                        assert isinstance(item, Partial | StatusChange)
+                        assert isinstance(item, StatusChange)
                         batch.append(item)
                         continue
                     if item.seq > cursor + 1:
                         # Facts this client missed: read them (and this one) back.
                         async for page in _catch_up_facts(self.ledger, session_id, cursor):
+                            answered.note_all(page)
                             batch.extend(page)
                             cursor = page[-1].seq
                     if item.seq <= cursor:
                         continue
+                    answered.note(item)
                     batch.append(item)
                     cursor = item.seq
                 if batch:
@@ -250,3 +378,32 @@ async def _catch_up_facts(
             cursor = page[-1].seq
         if not page or cursor >= head:
             return
+
+
+class _Answered:
+    """The generations whose assistant fact one client has been sent (the
+    latest few): a delta of such a generation, late on the runner's stream
+    or replayed to a client that joined after the answer, would start a
+    preview that no fact ever ends."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self) -> None:
+        self._ids: dict[str, None] = {}
+
+    def __contains__(self, generation_id: str) -> bool:
+        return generation_id in self._ids
+
+    def note(self, fact: CommittedFact) -> None:
+        if fact.kind != "assistant":
+            return
+        generation_id = fact.data.get("generationId")
+        if isinstance(generation_id, str) and generation_id not in self._ids:
+            self._ids[generation_id] = None
+            if len(self._ids) > ANSWERED_GENERATIONS:
+                del self._ids[next(iter(self._ids))]
+
+    def note_all(self, facts: list[CommittedFact]) -> None:
+        for fact in facts:
+            if fact.kind == "assistant":
+                self.note(fact)

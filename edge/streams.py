@@ -6,7 +6,8 @@ reconnect with `Last-Event-ID` resumes at cursor+1 with nothing missed or
 repeated. Partials (`delta`, `status`) come from the runner that owns the
 session, have no id (they are never facts), and start only once the backlog
 has been sent. When the owner changes (takeover, handoff) the stream attaches
-to the new owner by itself, prompted by the `epoch_started` fact.
+to the new owner by itself, prompted by the `epoch_started` fact, and gets
+every delta of that attempt from its first token (see edge/fanout.py).
 """
 
 from __future__ import annotations
@@ -46,6 +47,25 @@ def fact_json(fact: CommittedFact) -> dict[str, Any]:
         "epoch": fact.epoch,
         "data": fact.data,
     }
+
+
+def delta_json(partial: Partial) -> dict[str, Any]:
+    """A partial as a client sees it. (generationId, epoch, attemptId) names
+    one attempt's stream of a generation: a retried attempt reuses the
+    generation id, so a client starts a new preview when any of the three
+    changes. A tool-call fragment names its call, since parallel calls
+    stream interleaved."""
+    payload: dict[str, Any] = {
+        "generationId": partial.generation_id,
+        "epoch": partial.epoch,
+        "attemptId": partial.attempt_id,
+        "channel": partial.channel,
+        "text": partial.text,
+    }
+    if partial.channel == "tool_call":
+        payload["toolCallId"] = partial.tool_call_id
+        payload["toolName"] = partial.tool_name
+    return payload
 
 
 class SessionStream:
@@ -119,8 +139,7 @@ def _to_event(item: Live) -> ServerSentEvent | None:
     if isinstance(item, CommittedFact):
         return fact_event(item)
     if isinstance(item, Partial):
-        payload = {"generationId": item.generation_id, "channel": item.channel, "text": item.text}
-        return ServerSentEvent(data=json.dumps(payload), event="delta")
+        return ServerSentEvent(data=json.dumps(delta_json(item)), event="delta")
     if item.state in _STATES:
         payload_status: dict[str, Any] = {"state": item.state}
         if item.epoch:

@@ -25,8 +25,9 @@ from typing import Any, Protocol, cast
 from compaction.policy import ContextEntry, MessageEntry
 from kernel import KernelClient, Lease, LeaseLost
 from kernel import StaleEpoch as KernelStaleEpoch
+from services.blob_parts import BlobContent
 from services.ledger import LedgerClient, StaleEpoch
-from services.ledger.facts import CommittedFact
+from services.ledger.facts import INPUT, CommittedFact
 from services.runner import faults
 from services.runner import transcript as T
 from services.runner.hub import Partial, PartialHub, StatusChange
@@ -105,6 +106,9 @@ class AttemptServices:
     # True while a handoff drain wants attempts to stop at a commit boundary.
     handoff_requested: Callable[[], bool]
     lease_ms: int
+    # What the model is shown of the blobs inputs reference (None: only the
+    # inputs' text).
+    blobs: BlobContent | None = None
 
 
 class Attempt:
@@ -146,9 +150,30 @@ class Attempt:
         """
         key = (len(self.facts), self.watermark)
         if self._context is None or self._context[:2] != key:
-            entries = T.parsed_context(self.facts, self.watermark, self.parsed)
+            blobs = self.services.blobs
+            entries = T.parsed_context(
+                self.facts,
+                self.watermark,
+                self.parsed,
+                blob_parts=None if blobs is None else blobs.resolver(self.lease.tenant_id),
+            )
             self._context = (*key, entries)
         return self._context[2]
+
+    async def fetch_blobs(self) -> None:
+        """Reads the blobs the inputs up to the watermark reference, off the
+        event loop, so building the context finds them in memory."""
+        blobs = self.services.blobs
+        if blobs is None:
+            return
+        wanted = [
+            blob_id
+            for fact in self.facts
+            if fact.kind == INPUT and fact.seq <= self.watermark
+            for blob_id in fact.data.get("blobs") or ()
+        ]
+        if wanted:
+            await blobs.prefetch(self.lease.tenant_id, wanted)
 
     async def commit(self, kind: str, data: Mapping[str, Any]) -> int:
         try:
@@ -204,6 +229,9 @@ class Attempt:
                 "runtimeId": self.services.runtime_id,
                 "attemptId": self.attempt_id,
                 "watermark": self.watermark,
+                # What GetContext needs to show this epoch's system prompt
+                # after the tenant has changed the loadout.
+                "loadoutRevision": self.loadout.revision,
             },
         )
         faults.hit("after_watermark")
@@ -224,6 +252,7 @@ class Attempt:
             await self.answer(owed)
 
     async def answer(self, owed: T.Owed) -> None:
+        await self.fetch_blobs()
         compacted = await self.services.compaction.before_request(
             self, self.facts, overflowed=False
         )
@@ -231,6 +260,7 @@ class Attempt:
             self.boundary("after_compaction")
             return
         messages, messages_tokens = T.presented_request(self.context())
+        generation = T.generation_id(owed.context_head_seq)
         request = ModelRequest(
             system=self.loadout.system_prompt,
             messages=messages,
@@ -238,8 +268,8 @@ class Attempt:
             max_output_tokens=self.loadout.max_output_tokens,
             attempt=self.lease.failures + 1,
             messages_tokens=messages_tokens,
+            generation_id=generation,
         )
-        generation = T.generation_id(owed.context_head_seq)
         try:
             completed = await self.stream(request, generation)
         except ContextOverflow:
@@ -269,21 +299,40 @@ class Attempt:
 
     async def stream(self, request: ModelRequest, generation: str) -> Completed:
         hub = self.services.hub
+        session_id, epoch, attempt_id = self.session_id, self.epoch, self.attempt_id
         completed: Completed | None = None
         first = True
+        # Some providers (OpenAI streaming) name a tool call only in its first
+        # fragment; every partial names its call, so that a client can tell
+        # parallel calls apart: index -> (call id, tool name).
+        calls: dict[int, tuple[str, str]] = {}
         # Closed even when the attempt is abandoned mid-stream (cancel, lost
         # lease, handoff), so the provider's HTTP response is released at once.
         events = self.provider.stream(request)
         async with contextlib.aclosing(cast(AsyncGenerator[StreamEvent, None], events)) as stream:
             async for event in stream:
                 if isinstance(event, TextDelta):
-                    hub.publish(self.session_id, Partial(generation, "text", event.text))
-                elif isinstance(event, ThinkingDelta):
-                    hub.publish(self.session_id, Partial(generation, "thinking", event.text))
-                elif isinstance(event, ToolCallDelta):
                     hub.publish(
-                        self.session_id, Partial(generation, "tool_call", event.arguments_fragment)
+                        session_id, Partial(generation, "text", event.text, epoch, attempt_id)
                     )
+                elif isinstance(event, ThinkingDelta):
+                    hub.publish(
+                        session_id, Partial(generation, "thinking", event.text, epoch, attempt_id)
+                    )
+                elif isinstance(event, ToolCallDelta):
+                    known_id, known_name = calls.get(event.index, ("", ""))
+                    call_id, name = event.id or known_id, event.name or known_name
+                    calls[event.index] = (call_id, name)
+                    partial = Partial(
+                        generation,
+                        "tool_call",
+                        event.arguments_fragment,
+                        epoch,
+                        attempt_id,
+                        call_id,
+                        name,
+                    )
+                    hub.publish(session_id, partial)
                 elif isinstance(event, Completed):
                     completed = event
                 if first:
@@ -325,7 +374,9 @@ class Attempt:
         await self.commit(
             "assistant",
             {
-                "generationId": T.cancel_generation_id(owed.latest_cancel_seq),
+                "generationId": T.cancel_generation_id(
+                    owed.latest_cancel_seq, owed.cancelled_input_seqs
+                ),
                 "content": [],
                 "toolCalls": [],
                 "inputSeqs": list(owed.cancelled_input_seqs),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import grpc
@@ -13,7 +13,7 @@ from services.common.config import Settings
 from services.common.errors import error_from_rpc, reasons_of
 from services.common.serving import open_channel
 from services.runner.errors import RunnerError
-from services.runner.hub import HubEvent, Partial, StatusChange
+from services.runner.hub import Partial, ReplayEnd, StatusChange, WatchEvent
 
 _REASONS = reasons_of(RunnerError)
 _STATES = {
@@ -52,17 +52,25 @@ class RunnerClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def watch(self, session_id: str) -> AsyncIterator[HubEvent]:
-        """Partials and status while this runner owns the session."""
-        call = self._stub.WatchSession(pb.WatchSessionRequest(session_id=session_id))
+    async def watch(
+        self, session_id: str, epoch: int = 0, attempt_id: str = ""
+    ) -> AsyncGenerator[WatchEvent, None]:
+        """A status first, then the attempt's partials (replayed, then live)
+        while this runner owns the session, with a `ReplayEnd` between the
+        two. Naming an attempt (`epoch`, `attempt_id`) replays it even just
+        after it ended."""
+        request = pb.WatchSessionRequest(session_id=session_id, epoch=epoch, attempt_id=attempt_id)
+        call = self._stub.WatchSession(request)
         try:
             async for message in call:
-                if message.HasField("delta"):
-                    delta = message.delta
-                    yield Partial(delta.generation_id, delta.channel, delta.text)  # type: ignore[arg-type]
-                elif message.HasField("status"):
+                kind = message.WhichOneof("event")
+                if kind == "delta":
+                    yield _partial(message.delta)
+                elif kind == "status":
                     state = _STATES.get(message.status.state, "idle")
                     yield StatusChange(state, message.status.epoch)  # type: ignore[arg-type]
+                elif kind == "replay_end":
+                    yield ReplayEnd(message.replay_end.partials)
         except grpc.aio.AioRpcError as err:
             raise error_from_rpc(err, RunnerError, _REASONS) from None
         finally:
@@ -91,3 +99,15 @@ class RunnerClient:
             in_flight_runs=response.in_flight_runs,
             session_ids=tuple(response.session_ids),
         )
+
+
+def _partial(delta: pb.Delta) -> Partial:
+    return Partial(
+        generation_id=delta.generation_id,
+        channel=delta.channel,  # type: ignore[arg-type]
+        text=delta.text,
+        epoch=delta.epoch,
+        attempt_id=delta.attempt_id,
+        tool_call_id=delta.tool_call_id,
+        tool_name=delta.tool_name,
+    )

@@ -1,4 +1,10 @@
-"""The runner's gRPC face: partials for the edge, drain and status for operators."""
+"""The runner's gRPC face: partials for the edge, drain and status for operators.
+
+`WatchSession` names an attempt when the edge knows it (from the attempt's
+epoch_started fact): the hub then replays that attempt even if it has just
+ended here, and marks where the replay ends (the edge holds the attempt's
+facts until then, so an answer never overtakes its own preview).
+"""
 
 from __future__ import annotations
 
@@ -35,21 +41,31 @@ class RunnerServicer(pb_grpc.RunnerServiceServicer):
         self, request: pb.WatchSessionRequest, context: Any
     ) -> AsyncIterator[pb.WatchSessionResponse]:
         hub = self._runtime.hub
-        if not hub.owns(request.session_id):
+        session_id, epoch, attempt_id = request.session_id, request.epoch, request.attempt_id
+        if not hub.watchable(session_id, epoch, attempt_id):
+            named = f" attempt (epoch {epoch}, id {attempt_id!r})" if epoch or attempt_id else ""
             raise SessionNotOwned(
-                f"runtime {self._runtime.runtime_id} does not own {request.session_id!r}"
+                f"runtime {self._runtime.runtime_id} does not own{named} {session_id!r}"
             )
-        async for event in hub.watch(request.session_id):
+        async for event in hub.watch(session_id, epoch, attempt_id):
             if isinstance(event, Partial):
                 yield pb.WatchSessionResponse(
                     delta=pb.Delta(
-                        generation_id=event.generation_id, channel=event.channel, text=event.text
+                        generation_id=event.generation_id,
+                        channel=event.channel,
+                        text=event.text,
+                        epoch=event.epoch,
+                        attempt_id=event.attempt_id,
+                        tool_call_id=event.tool_call_id,
+                        tool_name=event.tool_name,
                     )
                 )
             elif isinstance(event, StatusChange):
                 yield pb.WatchSessionResponse(
                     status=pb.Status(state=_STATES[event.state], epoch=event.epoch)
                 )
+            else:
+                yield pb.WatchSessionResponse(replay_end=pb.ReplayEnd(partials=event.partials))
 
     @unary_errors
     async def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainResponse:

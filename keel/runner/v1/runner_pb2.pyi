@@ -66,15 +66,25 @@ class WatchSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    ATTEMPT_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    epoch: _builtins.int
+    """The attempt to watch (from its epoch_started fact); 0 and "" mean the
+    session's current attempt. A named attempt that has just ended is still
+    replayed, after which the stream ends. When both are set, both must match.
+    """
+    attempt_id: _builtins.str
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        attempt_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_id", b"attempt_id", "epoch", b"epoch", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -87,24 +97,61 @@ class Delta(_message.Message):
     GENERATION_ID_FIELD_NUMBER: _builtins.int
     CHANNEL_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    ATTEMPT_ID_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
     generation_id: _builtins.str
     channel: _builtins.str
     """"text", "thinking" or "tool_call"."""
     text: _builtins.str
+    epoch: _builtins.int
+    """The attempt that streamed it: a retried attempt reuses the generation id."""
+    attempt_id: _builtins.str
+    tool_call_id: _builtins.str
+    """Channel "tool_call" only: the call the arguments fragment belongs to."""
+    tool_name: _builtins.str
     def __init__(
         self,
         *,
         generation_id: _builtins.str = ...,
         channel: _builtins.str = ...,
         text: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        attempt_id: _builtins.str = ...,
+        tool_call_id: _builtins.str = ...,
+        tool_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "generation_id", b"generation_id", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_id", b"attempt_id", "channel", b"channel", "epoch", b"epoch", "generation_id", b"generation_id", "text", b"text", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Delta: _TypeAlias = Delta  # noqa: Y015
+
+@_typing.final
+class ReplayEnd(_message.Message):
+    """The partials the attempt had published when the watch began have been
+    sent; what follows is live.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTIALS_FIELD_NUMBER: _builtins.int
+    partials: _builtins.int
+    def __init__(
+        self,
+        *,
+        partials: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partials", b"partials"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayEnd: _TypeAlias = ReplayEnd  # noqa: Y015
 
 @_typing.final
 class Status(_message.Message):
@@ -134,21 +181,25 @@ class WatchSessionResponse(_message.Message):
 
     DELTA_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    REPLAY_END_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def delta(self) -> Global___Delta: ...
     @_builtins.property
     def status(self) -> Global___Status: ...
+    @_builtins.property
+    def replay_end(self) -> Global___ReplayEnd: ...
     def __init__(
         self,
         *,
         delta: Global___Delta | None = ...,
         status: Global___Status | None = ...,
+        replay_end: Global___ReplayEnd | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event", "status", b"status"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event", "replay_end", b"replay_end", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event", "replay_end", b"replay_end", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["delta", "status"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["delta", "status", "replay_end"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 

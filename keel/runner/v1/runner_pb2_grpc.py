@@ -59,8 +59,9 @@ class RunnerServiceServicer:
     """
 
     def WatchSession(self, request, context):
-        """Token deltas and status of a session this runner owns. Ends when the
-        runner stops owning the session or drains.
+        """Status, then the partials of the session's current (or named) attempt
+        published so far, then live ones. Ends when the attempt ends here or the
+        runner drains.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -36,8 +36,9 @@ class RunnerServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> RunnerServiceAsyncStub: ...
     WatchSession: _grpc.UnaryStreamMultiCallable[_runner_pb2.WatchSessionRequest, _runner_pb2.WatchSessionResponse]
-    """Token deltas and status of a session this runner owns. Ends when the
-    runner stops owning the session or drains.
+    """Status, then the partials of the session's current (or named) attempt
+    published so far, then live ones. Ends when the attempt ends here or the
+    runner drains.
     """
     Drain: _grpc.UnaryUnaryMultiCallable[_runner_pb2.DrainRequest, _runner_pb2.DrainResponse]
     Status: _grpc.UnaryUnaryMultiCallable[_runner_pb2.StatusRequest, _runner_pb2.StatusResponse]
@@ -50,8 +51,9 @@ class RunnerServiceAsyncStub(RunnerServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     WatchSession: _aio.UnaryStreamMultiCallable[_runner_pb2.WatchSessionRequest, _runner_pb2.WatchSessionResponse]  # type: ignore[assignment]
-    """Token deltas and status of a session this runner owns. Ends when the
-    runner stops owning the session or drains.
+    """Status, then the partials of the session's current (or named) attempt
+    published so far, then live ones. Ends when the attempt ends here or the
+    runner drains.
     """
     Drain: _aio.UnaryUnaryMultiCallable[_runner_pb2.DrainRequest, _runner_pb2.DrainResponse]  # type: ignore[assignment]
     Status: _aio.UnaryUnaryMultiCallable[_runner_pb2.StatusRequest, _runner_pb2.StatusResponse]  # type: ignore[assignment]
@@ -67,8 +69,9 @@ class RunnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _runner_pb2.WatchSessionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_runner_pb2.WatchSessionResponse], _abc.AsyncIterator[_runner_pb2.WatchSessionResponse]]:
-        """Token deltas and status of a session this runner owns. Ends when the
-        runner stops owning the session or drains.
+        """Status, then the partials of the session's current (or named) attempt
+        published so far, then live ones. Ends when the attempt ends here or the
+        runner drains.
         """
 
     @_abc_1.abstractmethod
