@@ -1,4 +1,5 @@
-"""Operator endpoints: drain a runtime, and report every runtime's state."""
+"""Runtime endpoints: drain a runtime (operators), and report every runtime's
+state (operators see everything, a tenant's admin its own sessions)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import os
 import socket
 from typing import Any
 
-from edge.gateway import Gateway
+from edge.gateway import Caller, Gateway
+from kernel import RuntimeInfo
 from services.common.errors import KeelError
 
 
@@ -39,23 +41,42 @@ async def drain_runners(
     }
 
 
-async def report(gateway: Gateway) -> dict[str, Any]:
+def _held_sessions(info: RuntimeInfo, caller: Caller) -> list[dict[str, str]]:
+    """The sessions a runtime holds that the caller may see, by the ids
+    clients use: a tenant's admin its own tenant's, an operator every
+    tenant's, each with its tenant (two tenants may both have an `s-1`)."""
+    tenants = info.session_tenant_ids or ("",) * len(info.session_ids)
+    sessions: list[dict[str, str]] = []
+    for ledger_id, tenant in zip(info.session_ids, tenants, strict=True):
+        if not caller.operator and tenant != caller.tenant_id:
+            continue
+        # The edge names a tenant's session `<tenant>:<id>`; a session made
+        # outside the edge keeps the ledger's id.
+        prefix = f"{tenant}:"
+        public = ledger_id[len(prefix) :] if ledger_id.startswith(prefix) else ledger_id
+        sessions.append({"id": public, "tenant": tenant} if caller.operator else {"id": public})
+    return sessions
+
+
+async def report(gateway: Gateway, caller: Caller) -> dict[str, Any]:
+    """Every runtime's state. Where runtimes run (host, pid, address) is the
+    operator's business; a tenant's admin sees the runtimes' ids and states
+    and its own sessions only."""
     runtimes = await gateway.runtimes()
 
-    async def describe(info: Any) -> dict[str, Any]:
+    async def describe(info: RuntimeInfo) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "runtimeId": info.runtime_id,
             "role": info.role,
-            "host": info.host,
-            "pid": info.pid,
-            "address": info.address,
             "drainMode": info.drain_mode,
             "attached": info.attached,
             "claiming": False,
             "inFlightRuns": len(info.session_ids),
-            "sessionIds": list(info.session_ids),
             "loadoutRevision": info.loadout_revision,
+            "sessions": _held_sessions(info, caller),
         }
+        if caller.operator:
+            entry.update(host=info.host, pid=info.pid, address=info.address)
         runner = await gateway.runner(info.runtime_id) if info.attached else None
         if runner is not None:
             with contextlib.suppress(KeelError, TimeoutError):
@@ -66,14 +87,14 @@ async def report(gateway: Gateway) -> dict[str, Any]:
         return entry
 
     entries = await asyncio.gather(*(describe(r) for r in runtimes if r.role == "runner"))
-    edge = {
+    edge: dict[str, Any] = {
         "runtimeId": gateway.edge_id,
         "role": "edge",
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
         "drainMode": gateway.drain_mode,
         "claiming": False,
         "inFlightRuns": 0,
-        "sessionIds": [],
+        "sessions": [],
     }
+    if caller.operator:
+        edge.update(host=socket.gethostname(), pid=os.getpid())
     return {"runtimes": [*entries, edge]}

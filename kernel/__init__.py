@@ -12,6 +12,7 @@ Public surface::
     KernelServer, run_kernel   the service (embedded or standalone)
     KernelConfig               kernel knobs (KEEL_MAX_ATTEMPTS, KEEL_RECONCILE_MS…)
     Lease, LeaseInfo, FinishResult, RuntimeInfo, HandoffInfo, Loadout
+    ApiKeyGrant                what an API key may do (tenant, admin, operator)
     KernelError …              the error tree (see kernel.errors)
 
 Leases may end early: when a runtime's Attach stream breaks, its leases are
@@ -37,11 +38,12 @@ from kernel.errors import (
 )
 from kernel.registry import HandoffInfo, RuntimeInfo
 from kernel.server import KernelServer, run_kernel
-from kernel.tenancy import Loadout
+from kernel.tenancy import ApiKeyGrant, Loadout
 
 __all__ = [
     "DEFAULT_LOADOUT",
     "ApiKeyExists",
+    "ApiKeyGrant",
     "Attachment",
     "DrainMode",
     "FinishResult",

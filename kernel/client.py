@@ -19,7 +19,7 @@ from keel.kernel.v1 import kernel_pb2_grpc as pb_grpc
 from kernel.domain import DrainMode, FinishResult, Lease, LeaseInfo
 from kernel.errors import InvalidArgument, KernelError, UnknownRuntime
 from kernel.registry import HandoffInfo, RuntimeInfo
-from kernel.tenancy import Loadout
+from kernel.tenancy import ApiKeyGrant, Loadout
 from services.common.config import Settings
 from services.common.errors import KeelError, error_from_rpc, reasons_of
 from services.common.serving import open_channel
@@ -248,6 +248,7 @@ class KernelClient:
                 attached=r.attached,
                 session_ids=tuple(r.session_ids),
                 started_at_ms=r.started_at_ms,
+                session_tenant_ids=tuple(r.session_tenant_ids),
             )
             for r in response.runtimes
         ]
@@ -340,18 +341,20 @@ class KernelClient:
         return response.created
 
     async def create_api_key(
-        self, tenant_id: str, key: str = "", admin: bool = False
+        self, tenant_id: str, key: str = "", admin: bool = False, operator: bool = False
     ) -> tuple[str, str]:
         """(plain key, key id); the plain key is not stored and not shown again."""
-        request = pb.CreateApiKeyRequest(tenant_id=tenant_id, key=key, admin=admin)
+        request = pb.CreateApiKeyRequest(
+            tenant_id=tenant_id, key=key, admin=admin, operator=operator
+        )
         response = await _call(lambda: self._stub.CreateApiKey(request))
         return response.key, response.key_id
 
-    async def authenticate(self, key: str) -> tuple[str, bool]:
-        """(tenant id, admin) of an API key; raises InvalidApiKey."""
+    async def authenticate(self, key: str) -> ApiKeyGrant:
+        """What an API key may do (tenant, admin, operator); raises InvalidApiKey."""
         request = pb.AuthenticateRequest(key=key)
         response = await _call(lambda: self._stub.Authenticate(request))
-        return response.tenant_id, response.admin
+        return ApiKeyGrant(response.tenant_id, response.admin, response.operator)
 
     async def put_loadout(self, tenant_id: str, document: dict[str, Any]) -> int:
         """Stores a new loadout revision; returns it (1, 2, 3 …)."""

@@ -36,6 +36,8 @@ class RuntimeInfo:
     # Sessions whose live lease this runtime holds.
     session_ids: tuple[str, ...]
     started_at_ms: int
+    # The tenant of each of `session_ids`, in the same order.
+    session_tenant_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,9 @@ class RegistryStore:
 
         return self._db.run(work)
 
-    def list_runtimes(self, held_by: Callable[[], dict[str, list[str]]]) -> list[RuntimeInfo]:
+    def list_runtimes(
+        self, held_by: Callable[[], dict[str, list[tuple[str, str]]]]
+    ) -> list[RuntimeInfo]:
         rows = self._db.run(
             lambda tx: tx.rows(
                 "SELECT runtime_id, address, host, pid, loadout_revision, version, role, "
@@ -211,8 +215,9 @@ class RegistryStore:
                 role=row[6],
                 drain_mode=row[7],
                 attached=bool(row[8]),
-                session_ids=tuple(sessions.get(row[0], ())),
+                session_ids=tuple(session for session, _ in sessions.get(row[0], ())),
                 started_at_ms=int(row[9]),
+                session_tenant_ids=tuple(tenant for _, tenant in sessions.get(row[0], ())),
             )
             for row in rows
         ]

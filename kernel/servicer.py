@@ -179,6 +179,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
                     attached=r.attached,
                     session_ids=list(r.session_ids),
                     started_at_ms=r.started_at_ms,
+                    session_tenant_ids=list(r.session_tenant_ids),
                 )
                 for r in runtimes
             ]
@@ -335,6 +336,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
             check_id(request.tenant_id, "tenant_id"),
             request.key,
             request.admin,
+            request.operator,
         )
         return pb.CreateApiKeyResponse(key=key, key_id=key_id)
 
@@ -342,8 +344,10 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
     async def Authenticate(
         self, request: pb.AuthenticateRequest, context: Context
     ) -> pb.AuthenticateResponse:
-        tenant_id, admin = await asyncio.to_thread(self._tenants.authenticate, request.key)
-        return pb.AuthenticateResponse(tenant_id=tenant_id, admin=admin)
+        grant = await asyncio.to_thread(self._tenants.authenticate, request.key)
+        return pb.AuthenticateResponse(
+            tenant_id=grant.tenant_id, admin=grant.admin, operator=grant.operator
+        )
 
     @unary_errors
     async def PutLoadout(

@@ -363,20 +363,20 @@ class LeaseStore:
         )
         return None if row is None else _record(row)
 
-    def held_by(self) -> dict[str, list[str]]:
-        """Live leases by runtime: {runtime_id: [session ids]}."""
+    def held_by(self) -> dict[str, list[tuple[str, str]]]:
+        """Live leases by runtime: {runtime_id: [(session id, tenant id)]}."""
         now = self._clock()
         rows = self._db.run(
             lambda tx: tx.rows(
-                "SELECT runtime_id, session_id FROM kernel_sessions "
+                "SELECT runtime_id, session_id, tenant_id FROM kernel_sessions "
                 "WHERE state = 'held' AND expires_at_ms > %s ORDER BY session_id",
                 (now,),
             ),
             write=False,
         )
-        out: dict[str, list[str]] = {}
-        for runtime_id, session_id in rows:
-            out.setdefault(runtime_id, []).append(session_id)
+        out: dict[str, list[tuple[str, str]]] = {}
+        for runtime_id, session_id, tenant_id in rows:
+            out.setdefault(runtime_id, []).append((session_id, tenant_id))
         return out
 
     def slots(self, tenant_id: str) -> tuple[int, int]:

@@ -5,6 +5,11 @@ by `create_api_key` and never again. A key is a long random token, so one
 unsalted hash is enough (it cannot be brute-forced like a password) and
 lets `authenticate` look the key up by its hash directly.
 
+A key belongs to one tenant. An admin key manages that tenant (its loadout,
+its sessions in the runtime report); an operator key runs the deployment:
+it sees every tenant's sessions in the runtime report and may drain
+runtimes, which affects every tenant at once.
+
 A loadout (model, tools, prompt, compaction and admission settings) is
 versioned: every put is a new revision 1, 2, 3 … of the tenant, and old
 revisions stay readable so a runtime pinned to one can keep using it.
@@ -39,6 +44,16 @@ class Loadout:
     # 0 when the tenant has stored none (the document is the default).
     revision: int
     document: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ApiKeyGrant:
+    """What a key may do: act for `tenant_id`, manage it (admin), run the
+    deployment (operator)."""
+
+    tenant_id: str
+    admin: bool
+    operator: bool = False
 
 
 def hash_key(key: str) -> str:
@@ -94,50 +109,55 @@ class TenantStore:
 
         return self._db.run(work)
 
-    def create_api_key(self, tenant_id: str, key: str, admin: bool) -> tuple[str, str]:
+    def create_api_key(
+        self, tenant_id: str, key: str, admin: bool, operator: bool = False
+    ) -> tuple[str, str]:
         """(plain key, key id). A caller-chosen key (a fixed dev key) that is
-        already the tenant's returns the existing id, so a restart that
-        creates it again is harmless."""
+        already the tenant's returns the existing id with the rights asked
+        for now, so a restart that creates it again is harmless."""
         plain = check_key(key) if key else "keel_" + secrets.token_urlsafe(32)
         digest = hash_key(plain)
 
         def work(tx: Tx) -> str:
             self._require_tenant(tx, tenant_id)
             existing = tx.one(
-                "SELECT key_id, tenant_id, admin FROM api_keys WHERE key_hash = %s", (digest,)
+                "SELECT key_id, tenant_id, admin, operator FROM api_keys WHERE key_hash = %s",
+                (digest,),
             )
             if existing is not None:
                 if existing[1] != tenant_id:
                     raise ApiKeyExists("this key is already registered", field="key")
-                if bool(existing[2]) != admin:
+                if (bool(existing[2]), bool(existing[3])) != (admin, operator):
                     tx.execute(
-                        "UPDATE api_keys SET admin = %s WHERE key_id = %s",
-                        (int(admin), existing[0]),
+                        "UPDATE api_keys SET admin = %s, operator = %s WHERE key_id = %s",
+                        (int(admin), int(operator), existing[0]),
                     )
                 return str(existing[0])
             key_id = "key_" + secrets.token_hex(6)
             tx.execute(
-                "INSERT INTO api_keys (key_id, tenant_id, key_hash, admin, created_at_ms) "
-                "VALUES (%s, %s, %s, %s, %s)",
-                (key_id, tenant_id, digest, int(admin), self._clock()),
+                "INSERT INTO api_keys "
+                "(key_id, tenant_id, key_hash, admin, operator, created_at_ms) "
+                "VALUES (%s, %s, %s, %s, %s, %s)",
+                (key_id, tenant_id, digest, int(admin), int(operator), self._clock()),
             )
             return key_id
 
         return plain, self._db.run(work)
 
-    def authenticate(self, key: str) -> tuple[str, bool]:
-        """(tenant id, admin) of a plain key; InvalidApiKey if unknown."""
+    def authenticate(self, key: str) -> ApiKeyGrant:
+        """What a plain key may do; InvalidApiKey if unknown."""
         if not key or len(key) > MAX_KEY_CHARS:
             raise InvalidApiKey("missing or unknown API key")
         row = self._db.run(
             lambda tx: tx.one(
-                "SELECT tenant_id, admin FROM api_keys WHERE key_hash = %s", (hash_key(key),)
+                "SELECT tenant_id, admin, operator FROM api_keys WHERE key_hash = %s",
+                (hash_key(key),),
             ),
             write=False,
         )
         if row is None:
             raise InvalidApiKey("missing or unknown API key")
-        return str(row[0]), bool(row[1])
+        return ApiKeyGrant(str(row[0]), bool(row[1]), bool(row[2]))
 
     def put_loadout(self, tenant_id: str, document: dict[str, Any]) -> int:
         """Stores a new revision and applies its admission limit at once."""

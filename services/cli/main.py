@@ -108,6 +108,9 @@ def compaction(
 def edge(
     ledger: Annotated[str, typer.Option("--ledger")] = "127.0.0.1:7101",
     kernel: Annotated[str, typer.Option("--kernel")] = "127.0.0.1:7102",
+    compaction: Annotated[
+        str, typer.Option("--compaction", help="compaction service address (for /context)")
+    ] = "127.0.0.1:7103",
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     http_port: Annotated[int, typer.Option("--http-port")] = 8080,
     database_url: DatabaseUrl = None,
@@ -117,7 +120,8 @@ def edge(
     from edge.server import run_edge
 
     settings = _settings(database_url)
-    _serve("edge", settings, run_edge(settings, EdgeConfig(ledger, kernel), host, http_port))
+    config = EdgeConfig(ledger, kernel, compaction)
+    _serve("edge", settings, run_edge(settings, config, host, http_port))
 
 
 @app.command()
@@ -174,7 +178,7 @@ def drain(
     url: BaseUrl = "http://127.0.0.1:8080",
     key: Key = "",
 ) -> None:
-    """Drain a runtime through the edge (admin key)."""
+    """Drain a runtime through the edge (operator key)."""
     import httpx
 
     body: dict[str, Any] = {"mode": mode, "deadlineMs": deadline_ms}
@@ -192,7 +196,7 @@ def drain(
 
 @app.command()
 def status(url: BaseUrl = "http://127.0.0.1:8080", key: Key = "") -> None:
-    """Every runtime's state (admin key)."""
+    """Every runtime's state (admin key: your tenant's sessions; operator key: all)."""
     import httpx
     from rich.console import Console
     from rich.table import Table
@@ -203,16 +207,24 @@ def status(url: BaseUrl = "http://127.0.0.1:8080", key: Key = "") -> None:
     if not response.is_success:
         print(response.text)
         raise typer.Exit(1)
-    table = Table("runtime", "role", "pid", "drain", "claiming", "in flight", "sessions")
-    for runtime in response.json()["runtimes"]:
+    runtimes = response.json()["runtimes"]
+    # Only operators are told where runtimes run and whose sessions they hold.
+    operator = any("pid" in runtime for runtime in runtimes)
+    columns = ["runtime", "role", "drain", "claiming", "in flight", "sessions"]
+    table = Table(*(["runtime", "role", "host", "pid", *columns[2:]] if operator else columns))
+    for runtime in runtimes:
+        sessions = ", ".join(
+            f"{s['tenant']}/{s['id']}" if "tenant" in s else s["id"] for s in runtime["sessions"]
+        )
+        where = [str(runtime.get("host", "")), str(runtime.get("pid", ""))] if operator else []
         table.add_row(
             runtime["runtimeId"],
             runtime["role"],
-            str(runtime.get("pid", "")),
+            *where,
             runtime["drainMode"],
             str(runtime["claiming"]),
             str(runtime["inFlightRuns"]),
-            ", ".join(runtime["sessionIds"]),
+            sessions,
         )
     Console().print(table)
 
@@ -241,7 +253,10 @@ def tenants_create(
 @keys_app.command("create")
 def keys_create(
     tenant_id: str,
-    admin: Annotated[bool, typer.Option("--admin")] = False,
+    admin: Annotated[bool, typer.Option("--admin", help="manages the tenant")] = False,
+    operator: Annotated[
+        bool, typer.Option("--operator", help="sees every tenant's runtimes and drains them")
+    ] = False,
     kernel: KernelAddress = "127.0.0.1:7102",
 ) -> None:
     """Create an API key for a tenant; the key is printed once."""
@@ -249,10 +264,20 @@ def keys_create(
 
     async def go() -> tuple[str, str]:
         async with KernelClient(kernel, Settings.from_env()) as client:
-            return await client.create_api_key(tenant_id, admin=admin)
+            return await client.create_api_key(tenant_id, admin=admin, operator=operator)
 
     key, key_id = asyncio.run(go())
-    print(json.dumps({"tenantId": tenant_id, "keyId": key_id, "key": key}))
+    print(
+        json.dumps(
+            {
+                "tenantId": tenant_id,
+                "keyId": key_id,
+                "key": key,
+                "admin": admin,
+                "operator": operator,
+            }
+        )
+    )
 
 
 def _print_json(result: dict[str, Any], as_json: bool) -> None:

@@ -1,9 +1,11 @@
 """`keel up`: every service, one command.
 
-Embedded (default): ledger, kernel, runner (with its compaction service) and
-edge in this process, each on its own loopback gRPC port and talking through
-the same contracts as in production. `--processes`: each service as its own
-OS process under a small supervisor that restarts a child that dies.
+Embedded (default): ledger, kernel, compaction, runner and edge in this
+process, each on its own loopback gRPC port and talking through the same
+contracts as in production. `--processes`: each service as its own OS process
+under a small supervisor that restarts a child that dies (runners there embed
+their own compaction service; the edge asks the compaction process for
+contexts).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import secrets
 import signal
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from compaction.server import CompactionServer
 from edge.gateway import EdgeConfig
 from edge.server import EdgeServer
 from kernel import KernelClient, KernelServer
@@ -39,17 +42,18 @@ class UpOptions:
 
 
 async def bootstrap_tenant(kernel_target: str, settings: Settings, dev_key: str) -> str:
-    """The default tenant and an admin dev key for it (fixed by KEEL_DEV_KEY)."""
+    """The default tenant and a dev key (fixed by KEEL_DEV_KEY) that is its
+    admin and an operator: one developer runs the whole deployment."""
     key = dev_key or f"keel-dev-{secrets.token_urlsafe(18)}"
     async with KernelClient(kernel_target, settings) as kernel:
         await kernel.create_tenant(DEFAULT_TENANT, "Default tenant")
-        await kernel.create_api_key(DEFAULT_TENANT, key, admin=True)
+        await kernel.create_api_key(DEFAULT_TENANT, key, admin=True, operator=True)
     return key
 
 
 def _announce(url: str, key: str) -> None:
     print(f"Keel is up: {url}/#key={key}", flush=True)
-    print(f"  dev key (admin, tenant {DEFAULT_TENANT!r}): {key}", flush=True)
+    print(f"  dev key (admin of tenant {DEFAULT_TENANT!r}, operator): {key}", flush=True)
     print(f"  try: curl -H 'Authorization: Bearer <key>' -X POST {url}/v1/sessions", flush=True)
 
 
@@ -64,12 +68,26 @@ async def _wait_for_signal() -> None:
 async def up_embedded(settings: Settings, options: UpOptions) -> None:
     ledger = await LedgerServer(settings).start()
     kernel = await KernelServer(settings, ledger_target=ledger.target).start()
+    runner_config = RunnerConfig.from_env(ledger.target, kernel.target)
+    # One compaction service for the runners and the edge (/context), unless
+    # KEEL_COMPACTION_ADDRESS names one elsewhere.
+    compaction: CompactionServer | None = None
+    if not runner_config.compaction_target:
+        compaction = await CompactionServer(
+            settings,
+            ledger.target,
+            kernel.target,
+            default_context_window=runner_config.default_context_window,
+        ).start()
+        runner_config = replace(runner_config, compaction_target=compaction.target)
     runners = [
-        await RunnerServer(settings, RunnerConfig.from_env(ledger.target, kernel.target)).start()
-        for _ in range(max(options.runners, 1))
+        await RunnerServer(settings, runner_config).start() for _ in range(max(options.runners, 1))
     ]
     edge = await EdgeServer(
-        settings, EdgeConfig(ledger.target, kernel.target), options.host, options.http_port
+        settings,
+        EdgeConfig(ledger.target, kernel.target, runner_config.compaction_target),
+        options.host,
+        options.http_port,
     ).start()
     assert edge.gateway is not None
     edge.gateway.local_runtime_ids.update(r.runtime_id for r in runners)
@@ -85,6 +103,8 @@ async def up_embedded(settings: Settings, options: UpOptions) -> None:
         await edge.stop()
         for runner in runners:
             await runner.stop()
+        if compaction is not None:
+            await compaction.stop()
         await kernel.stop()
         await ledger.stop()
 
@@ -172,10 +192,26 @@ class Supervisor:
     async def run(self) -> None:
         ledger_addr = f"127.0.0.1:{_free_port()}"
         kernel_addr = f"127.0.0.1:{_free_port()}"
+        compaction_addr = f"127.0.0.1:{_free_port()}"
         plan = [
             (Child("ledger", ["ledger", "--address", ledger_addr]), "listening on"),
             (
                 Child("kernel", ["kernel", "--address", kernel_addr, "--ledger", ledger_addr]),
+                "listening on",
+            ),
+            (
+                Child(
+                    "compaction",
+                    [
+                        "compaction",
+                        "--address",
+                        compaction_addr,
+                        "--ledger",
+                        ledger_addr,
+                        "--kernel",
+                        kernel_addr,
+                    ],
+                ),
                 "listening on",
             ),
         ]
@@ -198,6 +234,8 @@ class Supervisor:
                         ledger_addr,
                         "--kernel",
                         kernel_addr,
+                        "--compaction",
+                        compaction_addr,
                         "--host",
                         self.options.host,
                         "--http-port",

@@ -13,6 +13,7 @@ from keel.kernel.v1 import kernel_pb2 as pb
 from keel.kernel.v1 import kernel_pb2_grpc as pb_grpc
 from kernel import (
     DEFAULT_LOADOUT,
+    ApiKeyGrant,
     InvalidApiKey,
     InvalidArgument,
     KernelClient,
@@ -62,6 +63,7 @@ async def test_a_session_round_trip(client: KernelClient) -> None:
     assert held.lease is not None and held.lease.epoch == 1
     [runtime] = await client.list_runtimes()
     assert runtime.session_ids == ("s1",) and runtime.version == "v1" and runtime.pid == 7
+    assert runtime.session_tenant_ids == ("t1",)
     result = await client.finish("s1", 1, "r1", read_through=2)
     assert not result.requeued and not result.parked
     assert await client.claim("r1", wait_ms=10) is None
@@ -209,12 +211,14 @@ async def test_tenants_keys_and_loadouts(client: KernelClient) -> None:
     assert not await client.create_tenant("acme")
     key, key_id = await client.create_api_key("acme")
     assert key and key_id
-    assert await client.authenticate(key) == ("acme", False)
+    assert await client.authenticate(key) == ApiKeyGrant("acme", admin=False, operator=False)
     assert await client.create_api_key("acme", "fixed-dev-key", admin=True) == (
         "fixed-dev-key",
         (await client.create_api_key("acme", "fixed-dev-key", admin=True))[1],
     )
-    assert await client.authenticate("fixed-dev-key") == ("acme", True)
+    assert await client.authenticate("fixed-dev-key") == ApiKeyGrant("acme", True, False)
+    operator, _ = await client.create_api_key("acme", admin=True, operator=True)
+    assert await client.authenticate(operator) == ApiKeyGrant("acme", True, operator=True)
     loadout = await client.get_loadout("acme")
     assert loadout.revision == 0 and loadout.document == DEFAULT_LOADOUT
     document = {"model": {"provider": "openai", "name": "gpt"}, "maxConcurrentRuns": 4}

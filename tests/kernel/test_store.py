@@ -18,7 +18,7 @@ from kernel.errors import (
     UnknownTenant,
 )
 from kernel.registry import Registration
-from kernel.tenancy import hash_key
+from kernel.tenancy import ApiKeyGrant, hash_key
 from services.common.config import Settings
 from tests.conftest import start_at_once
 from tests.kernel.conftest import Stores
@@ -222,13 +222,18 @@ def test_tenants_keys_and_loadouts(stores: Stores) -> None:
     assert not tenants.create_tenant("acme", "Acme")
     key, key_id = tenants.create_api_key("acme", "", admin=False)
     assert key.startswith("keel_") and key_id.startswith("key_")
-    assert tenants.authenticate(key) == ("acme", False)
+    assert tenants.authenticate(key) == ApiKeyGrant("acme", admin=False, operator=False)
     stored = stores.database.run(lambda tx: tx.rows("SELECT key_hash FROM api_keys"))
     assert stored == [(hash_key(key),)], "only the hash is stored"
     dev, dev_id = tenants.create_api_key("acme", "dev-key-1", admin=True)
     assert dev == "dev-key-1"
     assert tenants.create_api_key("acme", "dev-key-1", admin=True) == ("dev-key-1", dev_id)
-    assert tenants.authenticate("dev-key-1") == ("acme", True)
+    assert tenants.authenticate("dev-key-1") == ApiKeyGrant("acme", admin=True, operator=False)
+    # Creating a known key again with other rights grants those rights.
+    assert tenants.create_api_key("acme", "dev-key-1", admin=True, operator=True)[1] == dev_id
+    assert tenants.authenticate("dev-key-1") == ApiKeyGrant("acme", admin=True, operator=True)
+    ops, _ = tenants.create_api_key("acme", "", admin=False, operator=True)
+    assert tenants.authenticate(ops) == ApiKeyGrant("acme", admin=False, operator=True)
     tenants.create_tenant("other", "")
     with pytest.raises(ApiKeyExists):
         tenants.create_api_key("other", "dev-key-1", admin=False)
@@ -262,12 +267,14 @@ def test_runtime_registry_and_handoffs(stores: Stores) -> None:
     # The same process re-registering keeps its drain; a new process does not.
     registry.register(Registration("r1", "10.0.0.1:7000", host="h1", pid=11, version="1"))
     stores.leases.enqueue("s1", "t1", 1, False)
-    stores.leases.enqueue("s2", "t1", 1, False)
+    stores.leases.enqueue("s2", "t2", 1, False)
+    assert stores.leases.claim("r2") is not None
     assert stores.leases.claim("r2") is not None
     runtimes = {r.runtime_id: r for r in registry.list_runtimes(stores.leases.held_by)}
     assert runtimes["r1"].drain_mode == "handoff"
     assert runtimes["r1"].address == "10.0.0.1:7000" and runtimes["r1"].pid == 11
-    assert runtimes["r2"].session_ids == ("s1",) and runtimes["r2"].role == "edge"
+    assert runtimes["r2"].session_ids == ("s1", "s2") and runtimes["r2"].role == "edge"
+    assert runtimes["r2"].session_tenant_ids == ("t1", "t2")
     registry.register(Registration("r1", pid=99))
     runtimes = {r.runtime_id: r for r in registry.list_runtimes(stores.leases.held_by)}
     assert runtimes["r1"].drain_mode == "none"

@@ -582,6 +582,7 @@ class Runtime(_message.Message):
     ATTACHED_FIELD_NUMBER: _builtins.int
     SESSION_IDS_FIELD_NUMBER: _builtins.int
     STARTED_AT_MS_FIELD_NUMBER: _builtins.int
+    SESSION_TENANT_IDS_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     address: _builtins.str
     host: _builtins.str
@@ -594,6 +595,10 @@ class Runtime(_message.Message):
     started_at_ms: _builtins.int
     @_builtins.property
     def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def session_tenant_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tenant of each entry of session_ids, in the same order."""
+
     def __init__(
         self,
         *,
@@ -608,10 +613,11 @@ class Runtime(_message.Message):
         attached: _builtins.bool = ...,
         session_ids: _abc.Iterable[_builtins.str] | None = ...,
         started_at_ms: _builtins.int = ...,
+        session_tenant_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "attached", b"attached", "drain_mode", b"drain_mode", "host", b"host", "loadout_revision", b"loadout_revision", "pid", b"pid", "role", b"role", "runtime_id", b"runtime_id", "session_ids", b"session_ids", "started_at_ms", b"started_at_ms", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "attached", b"attached", "drain_mode", b"drain_mode", "host", b"host", "loadout_revision", b"loadout_revision", "pid", b"pid", "role", b"role", "runtime_id", b"runtime_id", "session_ids", b"session_ids", "session_tenant_ids", b"session_tenant_ids", "started_at_ms", b"started_at_ms", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -782,20 +788,24 @@ class CreateApiKeyRequest(_message.Message):
     TENANT_ID_FIELD_NUMBER: _builtins.int
     KEY_FIELD_NUMBER: _builtins.int
     ADMIN_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     key: _builtins.str
     """Optional: a caller-chosen key (e.g. a fixed dev key); else generated."""
     admin: _builtins.bool
+    operator: _builtins.bool
+    """Operator keys see and drain every tenant's runtimes (admin is per tenant)."""
     def __init__(
         self,
         *,
         tenant_id: _builtins.str = ...,
         key: _builtins.str = ...,
         admin: _builtins.bool = ...,
+        operator: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admin", b"admin", "key", b"key", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admin", b"admin", "key", b"key", "operator", b"operator", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -849,17 +859,20 @@ class AuthenticateResponse(_message.Message):
 
     TENANT_ID_FIELD_NUMBER: _builtins.int
     ADMIN_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     admin: _builtins.bool
+    operator: _builtins.bool
     def __init__(
         self,
         *,
         tenant_id: _builtins.str = ...,
         admin: _builtins.bool = ...,
+        operator: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admin", b"admin", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admin", b"admin", "operator", b"operator", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
