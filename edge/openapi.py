@@ -1,164 +1,580 @@
-"""The OpenAPI document of the edge's HTTP API (served at /openapi.json)."""
+"""The OpenAPI 3.1 document of the edge's HTTP API (served at /openapi.json).
+
+Response schemas are closed (`additionalProperties: false`) wherever the edge
+builds the body, so a renamed or stray field is a difference from this
+document that tests/edge/test_openapi.py catches on real responses. Fact
+`data` and context messages stay open: their shape is the ledger's (§4).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+Schema = dict[str, Any]
 
-def _ref(name: str) -> dict[str, str]:
+
+def _ref(name: str) -> Schema:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
+def _object(required: list[str], properties: dict[str, Schema]) -> Schema:
+    return {
+        "type": "object",
+        "required": required,
+        "properties": properties,
+        "additionalProperties": False,
+    }
 
 
-_ERRORS = {
-    "400": _json(_ref("Error"), "Bad input"),
-    "401": _json(_ref("Error"), "Missing or unknown API key"),
-    "404": _json(_ref("Error"), "No such session (or another tenant's)"),
-}
+def _json(schema: Schema, description: str, headers: dict[str, Any] | None = None) -> Schema:
+    response: Schema = {
+        "description": description,
+        "content": {"application/json": {"schema": schema}},
+    }
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def _error(description: str) -> Schema:
+    return _json(_ref("Error"), description)
+
+
+def _body(schema: Schema) -> Schema:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+def _optional_body(schema: Schema) -> Schema:
+    return {"required": False, "content": {"application/json": {"schema": schema}}}
+
+
+_INT = {"type": "integer"}
+_SEQ = {"type": "integer", "minimum": 1}
+_COUNT = {"type": "integer", "minimum": 0}
+_STRING = {"type": "string"}
 # Session ids are per tenant: two tenants may each have a session "s-1".
-_ID_SCHEMA = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.\\-]{0,63}$"}
-_SESSION_ID = {"name": "id", "in": "path", "required": True, "schema": _ID_SCHEMA}
+_SESSION_ID_SCHEMA = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.\\-]{0,63}$"}
+_REQUEST_ID_SCHEMA = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:\\-]{0,127}$"}
+_SESSION_ID = {"name": "id", "in": "path", "required": True, "schema": _SESSION_ID_SCHEMA}
+_BLOB_ID = {"name": "id", "in": "path", "required": True, "schema": _STRING}
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "The requestId, as a header. If the body has one too, they must be equal.",
+    "schema": _REQUEST_ID_SCHEMA,
+}
+_UPLOAD_OFFSET = {
+    "Upload-Offset": {
+        "description": "How many bytes the upload has reached",
+        "required": True,
+        "schema": _COUNT,
+    }
+}
+
+# Every route with a key can answer these; a 413 wherever a body is read.
+_AUTHENTICATED = {
+    "401": _error("Missing or unknown API key"),
+    "503": _error("A Keel service is unavailable; retry shortly"),
+}
+_BAD = {"400": _error("Bad input (the message names what)")}
+_TOO_LARGE = {"413": _error("The body is larger than the limit")}
+_NO_SESSION = {"404": _error("No such session (or another tenant's)")}
+
+_SCHEMAS: dict[str, Schema] = {
+    "Error": _object(
+        ["error"],
+        {
+            "error": _object(
+                ["code", "message"],
+                {
+                    "code": {"type": "string", "description": "machine-readable"},
+                    "message": {"type": "string"},
+                },
+            )
+        },
+    ),
+    "SessionCreate": _object([], {"id": _SESSION_ID_SCHEMA}),
+    "SessionCreated": _object(["id"], {"id": _SESSION_ID_SCHEMA}),
+    "SessionSummary": _object(["id", "headSeq"], {"id": _SESSION_ID_SCHEMA, "headSeq": _COUNT}),
+    "SessionList": _object(
+        ["sessions", "next"],
+        {
+            "sessions": {"type": "array", "items": _ref("SessionSummary")},
+            "next": {
+                "type": ["string", "null"],
+                "description": "Pass as ?after= for the next page; null on the last page",
+            },
+        },
+    ),
+    "Session": _object(
+        ["id", "headSeq", "status", "owedInputs", "latestCompactionSeq"],
+        {
+            "id": _SESSION_ID_SCHEMA,
+            "headSeq": _COUNT,
+            "status": {"enum": ["idle", "running", "compacting", "parked"]},
+            "owedInputs": {"type": "array", "items": _SEQ},
+            "latestCompactionSeq": _COUNT,
+        },
+    ),
+    "Input": _object(
+        ["text"],
+        {
+            "text": {"type": "string", "maxLength": 256 * 1024},
+            "requestId": _REQUEST_ID_SCHEMA,
+            "blobs": {"type": "array", "items": _STRING, "description": "complete blobs' ids"},
+        },
+    ),
+    "Retry": _object(["seq"], {"seq": _SEQ, "requestId": _REQUEST_ID_SCHEMA}),
+    "Committed": _object(
+        ["seq", "requestId", "retrySafe"],
+        {
+            "seq": _SEQ,
+            "requestId": _REQUEST_ID_SCHEMA,
+            "retrySafe": {
+                "type": "boolean",
+                "description": "false when the edge made the requestId: resending would "
+                "commit a second input",
+            },
+        },
+    ),
+    "Cancelled": _object(["seq", "cancelled"], {"seq": _SEQ, "cancelled": {"const": True}}),
+    "NothingToCancel": _object(["cancelled"], {"cancelled": {"const": False}}),
+    "Fact": _object(
+        ["seq", "kind", "timestamp", "epoch", "data"],
+        {
+            "seq": _SEQ,
+            "kind": _STRING,
+            "timestamp": {"type": "integer", "description": "ms since the epoch"},
+            "epoch": _COUNT,
+            "data": {"type": "object"},
+        },
+    ),
+    "FactPage": _object(
+        ["facts", "headSeq", "next"],
+        {
+            "facts": {"type": "array", "items": _ref("Fact")},
+            "headSeq": _COUNT,
+            "next": {"type": "integer", "minimum": 0, "description": "the next ?after="},
+        },
+    ),
+    "Context": _object(
+        [
+            "at",
+            "systemPrompt",
+            "messages",
+            "compactionSeq",
+            "loadoutRevision",
+            "watermark",
+            "estimatedTokens",
+        ],
+        {
+            "at": _SEQ,
+            "systemPrompt": _STRING,
+            "messages": {"type": "array", "items": {"type": "object"}},
+            "compactionSeq": _COUNT,
+            "loadoutRevision": _COUNT,
+            "watermark": _COUNT,
+            "estimatedTokens": _COUNT,
+        },
+    ),
+    "BlobCreate": _object(
+        ["length"],
+        {
+            "length": {"type": "integer", "minimum": 1},
+            "contentType": {"type": "string", "default": "application/octet-stream"},
+        },
+    ),
+    "Blob": _object(
+        ["id", "length", "offset", "contentType", "complete", "sha256"],
+        {
+            "id": _STRING,
+            "length": _SEQ,
+            "offset": _COUNT,
+            "contentType": _STRING,
+            "complete": {"type": "boolean"},
+            "sha256": {"type": ["string", "null"], "description": "set once complete"},
+        },
+    ),
+    "Drain": _object(
+        [],
+        {
+            "mode": {"enum": ["handoff", "shutdown"], "default": "handoff"},
+            "deadlineMs": {"type": "integer", "minimum": 0, "default": 30_000},
+            "runtimeId": {"type": "string", "description": "one runner; else this runtime"},
+        },
+    ),
+    "Drained": _object(
+        ["mode", "runtimes", "edge"],
+        {
+            "mode": {"enum": ["handoff", "shutdown"]},
+            "runtimes": {"type": "object", "additionalProperties": _INT},
+            "edge": {"type": ["string", "null"]},
+        },
+    ),
+    "HeldSession": _object(
+        ["id"],
+        {"id": _STRING, "tenant": {"type": "string", "description": "operators only"}},
+    ),
+    "Runtime": _object(
+        ["runtimeId", "role", "drainMode", "claiming", "inFlightRuns", "sessions"],
+        {
+            "runtimeId": _STRING,
+            "role": {"enum": ["runner", "edge"]},
+            "drainMode": _STRING,
+            "attached": {"type": "boolean"},
+            "claiming": {"type": "boolean"},
+            "inFlightRuns": _COUNT,
+            "loadoutRevision": _INT,
+            "sessions": {"type": "array", "items": _ref("HeldSession")},
+            "host": {"type": "string", "description": "operators only"},
+            "pid": {"type": "integer", "description": "operators only"},
+            "address": {"type": "string", "description": "operators only"},
+        },
+    ),
+    "RuntimeStatus": _object(
+        ["runtimes"], {"runtimes": {"type": "array", "items": _ref("Runtime")}}
+    ),
+}
+
+_PATHS: dict[str, Schema] = {
+    "/v1/sessions": {
+        "post": {
+            "operationId": "createSession",
+            "summary": "Create a session for the key's tenant",
+            "description": "With `id`, that id (unique within the tenant); else a new one.",
+            "requestBody": _optional_body(_ref("SessionCreate")),
+            "responses": {
+                "201": _json(_ref("SessionCreated"), "Created"),
+                "409": _error("The tenant has a session with this id"),
+                **_BAD,
+                **_TOO_LARGE,
+                **_AUTHENTICATED,
+            },
+        },
+        "get": {
+            "operationId": "listSessions",
+            "summary": "The tenant's sessions, a page at a time, ascending by id",
+            "parameters": [
+                {
+                    "name": "after",
+                    "in": "query",
+                    "description": "Start after this session id (the previous page's `next`)",
+                    "schema": _SESSION_ID_SCHEMA,
+                },
+                {
+                    "name": "limit",
+                    "in": "query",
+                    "description": "At most this many (default 100; above 1000 counts as 1000)",
+                    "schema": {"type": "integer", "minimum": 1, "default": 100},
+                },
+            ],
+            "responses": {
+                "200": _json(_ref("SessionList"), "One page"),
+                **_BAD,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/sessions/{id}": {
+        "parameters": [_SESSION_ID],
+        "get": {
+            "operationId": "getSession",
+            "summary": "Head seq, status and owed inputs",
+            "responses": {
+                "200": _json(_ref("Session"), "The session"),
+                **_BAD,
+                **_NO_SESSION,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/sessions/{id}/inputs": {
+        "parameters": [_SESSION_ID],
+        "post": {
+            "operationId": "postInput",
+            "summary": "Commit an input (idempotent by requestId)",
+            "description": "The requestId comes from the body or the Idempotency-Key "
+            "header; with neither, the edge makes one and answers `retrySafe: false`.",
+            "parameters": [_IDEMPOTENCY_KEY],
+            "requestBody": _body(_ref("Input")),
+            "responses": {
+                "202": _json(_ref("Committed"), "Committed"),
+                "200": _json(_ref("Committed"), "Already committed with this requestId"),
+                "404": _error("No such session, or no such blob"),
+                "409": _error("The requestId was used for another input"),
+                **_BAD,
+                **_TOO_LARGE,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/sessions/{id}/retry": {
+        "parameters": [_SESSION_ID],
+        "post": {
+            "operationId": "retryInput",
+            "summary": "Re-ask a committed input",
+            "description": "A new input with the original's text and blobs and `retryOf`; "
+            "deduplicated like inputs.",
+            "parameters": [_IDEMPOTENCY_KEY],
+            "requestBody": _body(_ref("Retry")),
+            "responses": {
+                "202": _json(_ref("Committed"), "Committed"),
+                "200": _json(_ref("Committed"), "Already retried with this requestId"),
+                "409": _error("The requestId was used for another input or seq"),
+                **_BAD,
+                **_NO_SESSION,
+                **_TOO_LARGE,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/sessions/{id}/cancel": {
+        "parameters": [_SESSION_ID],
+        "post": {
+            "operationId": "cancel",
+            "summary": "Cancel the session's current work",
+            "description": "An idle session (nothing owed, nothing running) has nothing to "
+            "cancel: nothing is committed and the answer is 200 `{cancelled: false}`.",
+            "responses": {
+                "202": _json(_ref("Cancelled"), "A cancel was committed"),
+                "200": _json(_ref("NothingToCancel"), "Nothing to cancel"),
+                **_BAD,
+                **_NO_SESSION,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/sessions/{id}/events": {
+        "parameters": [_SESSION_ID],
+        "get": {
+            "operationId": "events",
+            "summary": "The session's facts: SSE (id: seq), or a page with ?format=json",
+            "parameters": [
+                {"name": "after", "in": "query", "schema": _COUNT},
+                {
+                    "name": "limit",
+                    "in": "query",
+                    "description": "Pages only (default 500; above 1000 counts as 1000)",
+                    "schema": {"type": "integer", "minimum": 1},
+                },
+                {
+                    "name": "format",
+                    "in": "query",
+                    "description": "json for a page; absent for SSE",
+                    "schema": {"enum": ["json"]},
+                },
+                {
+                    "name": "Last-Event-ID",
+                    "in": "header",
+                    "description": "Resume after this seq (wins over ?after=)",
+                    "schema": {"type": "string", "pattern": "^[0-9]+$"},
+                },
+            ],
+            "responses": {
+                "200": {
+                    "description": "SSE: `fact` kinds, `delta`, `status`, `drain`; or a page",
+                    "content": {
+                        "text/event-stream": {"schema": {"type": "string"}},
+                        "application/json": {"schema": _ref("FactPage")},
+                    },
+                },
+                **_BAD,
+                **_NO_SESSION,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/sessions/{id}/context": {
+        "parameters": [_SESSION_ID],
+        "get": {
+            "operationId": "context",
+            "summary": "Exactly what the model was (or would be) shown at a seq",
+            "parameters": [
+                {
+                    "name": "at",
+                    "in": "query",
+                    "description": "A context head seq; default the session's head",
+                    "schema": _SEQ,
+                }
+            ],
+            "responses": {
+                "200": _json(_ref("Context"), "The request the model saw"),
+                **_BAD,
+                **_NO_SESSION,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/blobs": {
+        "post": {
+            "operationId": "createBlob",
+            "summary": "Start a resumable upload of `length` bytes",
+            "requestBody": _body(_ref("BlobCreate")),
+            "responses": {
+                "201": _json(_ref("Blob"), "Created", _UPLOAD_OFFSET),
+                **_BAD,
+                **_TOO_LARGE,
+                **_AUTHENTICATED,
+            },
+        }
+    },
+    "/v1/blobs/{id}": {
+        "parameters": [_BLOB_ID],
+        "get": {
+            "operationId": "getBlob",
+            "summary": "The upload's state",
+            "responses": {
+                "200": _json(_ref("Blob"), "The blob", _UPLOAD_OFFSET),
+                "404": _error("No such blob (or another tenant's)"),
+                **_AUTHENTICATED,
+            },
+        },
+        "head": {
+            "operationId": "blobOffset",
+            "summary": "The upload's offset, in headers",
+            "responses": {
+                "200": {
+                    "description": "Upload-Offset and Upload-Length",
+                    "headers": {
+                        **_UPLOAD_OFFSET,
+                        "Upload-Length": {"required": True, "schema": _SEQ},
+                    },
+                },
+                "404": {"description": "No such blob (or another tenant's)"},
+                "401": {"description": "Missing or unknown API key"},
+            },
+        },
+        "patch": {
+            "operationId": "appendBlob",
+            "summary": "Append a chunk at Upload-Offset",
+            "parameters": [
+                {
+                    "name": "Upload-Offset",
+                    "in": "header",
+                    "required": True,
+                    "description": "Where the client believes the upload is",
+                    "schema": _COUNT,
+                }
+            ],
+            "requestBody": {
+                "required": True,
+                "content": {"application/offset+octet-stream": {}, "*/*": {}},
+            },
+            "responses": {
+                "200": _json(_ref("Blob"), "Appended", _UPLOAD_OFFSET),
+                "400": _error("No or bad Upload-Offset"),
+                "404": _error("No such blob (or another tenant's)"),
+                "409": _error("Wrong offset (the message tells the real one)"),
+                "413": _error("The chunk goes past the declared length, or is too large"),
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/blobs/{id}/content": {
+        "parameters": [_BLOB_ID],
+        "get": {
+            "operationId": "blobContent",
+            "summary": "The bytes of a complete blob, with its content type",
+            "responses": {
+                "200": {"description": "The bytes", "content": {"*/*": {}}},
+                "404": _error("No such blob (or another tenant's)"),
+                "409": _error("The upload is not complete"),
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/runtime/drain": {
+        "post": {
+            "operationId": "drain",
+            "summary": "Drain a runner, or this runtime (operator key)",
+            "requestBody": _optional_body(_ref("Drain")),
+            "responses": {
+                "202": _json(_ref("Drained"), "Draining"),
+                "403": _error("Not an operator key"),
+                **_BAD,
+                **_TOO_LARGE,
+                **_AUTHENTICATED,
+            },
+        }
+    },
+    "/v1/runtime/status": {
+        "get": {
+            "operationId": "runtimeStatus",
+            "summary": "Every runtime's state (admin: its tenant's sessions; operator: all)",
+            "responses": {
+                "200": _json(_ref("RuntimeStatus"), "The runtimes"),
+                "403": _error("Neither an admin nor an operator key"),
+                **_AUTHENTICATED,
+            },
+        }
+    },
+    "/healthz": {
+        "get": {
+            "operationId": "healthz",
+            "security": [],
+            "summary": "The process is alive",
+            "responses": {"200": _json(_object(["ok"], {"ok": {"const": True}}), "alive")},
+        }
+    },
+    "/readyz": {
+        "get": {
+            "operationId": "readyz",
+            "security": [],
+            "summary": "The edge can serve (the kernel answers, not draining)",
+            "responses": {
+                "200": _json(_object(["ready"], {"ready": {"const": True}}), "ready"),
+                "503": _error("draining, or the kernel is not reachable"),
+            },
+        }
+    },
+    "/metrics": {
+        "get": {
+            "operationId": "metrics",
+            "security": [],
+            "summary": "Prometheus metrics",
+            "responses": {
+                "200": {
+                    "description": "Prometheus text format",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                }
+            },
+        }
+    },
+    "/openapi.json": {
+        "get": {
+            "operationId": "openapi",
+            "security": [],
+            "summary": "This document",
+            "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")},
+        }
+    },
+    "/": {
+        "get": {
+            "operationId": "page",
+            "security": [],
+            "summary": "The web page",
+            "responses": {
+                "200": {
+                    "description": "HTML",
+                    "content": {"text/html": {"schema": {"type": "string"}}},
+                }
+            },
+        }
+    },
+}
 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
-    "info": {"title": "Keel edge", "version": "1.0.0"},
+    "info": {
+        "title": "Keel edge",
+        "version": "1.0.0",
+        "description": "Errors are JSON `{error: {code, message}}` with a 4xx status.",
+    },
     "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        "schemas": {
-            "Error": {
-                "type": "object",
-                "required": ["error"],
-                "properties": {
-                    "error": {
-                        "type": "object",
-                        "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
-                    }
-                },
-            },
-            "Input": {
-                "type": "object",
-                "required": ["text", "requestId"],
-                "properties": {
-                    "text": {"type": "string"},
-                    "requestId": {"type": "string"},
-                    "blobs": {"type": "array", "items": {"type": "string"}},
-                },
-            },
-            "Seq": {"type": "object", "properties": {"seq": {"type": "integer"}}},
-            "Fact": {
-                "type": "object",
-                "properties": {
-                    "seq": {"type": "integer"},
-                    "kind": {"type": "string"},
-                    "timestamp": {"type": "integer"},
-                    "epoch": {"type": "integer"},
-                    "data": {"type": "object"},
-                },
-            },
-        },
+        "schemas": _SCHEMAS,
     },
     "security": [{"bearer": []}],
-    "paths": {
-        "/v1/sessions": {
-            "post": {
-                "summary": "Create a session for the key's tenant",
-                "description": "With `id`, that id (unique within the tenant); else a new one.",
-                "requestBody": {
-                    "content": {
-                        "application/json": {
-                            "schema": {"type": "object", "properties": {"id": _ID_SCHEMA}}
-                        }
-                    }
-                },
-                "responses": {
-                    "201": _json({"type": "object", "properties": {"id": _ID_SCHEMA}}),
-                    "409": _json(_ref("Error"), "The tenant has a session with this id"),
-                    **_ERRORS,
-                },
-            },
-            "get": {"summary": "List the tenant's sessions", "responses": {"200": _json({})}},
-        },
-        "/v1/sessions/{id}": {
-            "get": {
-                "summary": "Head seq, status and owed inputs",
-                "parameters": [_SESSION_ID],
-                "responses": {"200": _json({"type": "object"}), **_ERRORS},
-            }
-        },
-        "/v1/sessions/{id}/inputs": {
-            "post": {
-                "summary": "Commit an input (idempotent by requestId)",
-                "parameters": [_SESSION_ID],
-                "requestBody": {"content": {"application/json": {"schema": _ref("Input")}}},
-                "responses": {
-                    "202": _json(_ref("Seq"), "Committed"),
-                    "200": _json(_ref("Seq"), "Already committed with this requestId"),
-                    "409": _json(_ref("Error"), "requestId used for another input"),
-                    **_ERRORS,
-                },
-            }
-        },
-        "/v1/sessions/{id}/retry": {
-            "post": {
-                "summary": "Re-ask a committed input",
-                "parameters": [_SESSION_ID],
-                "responses": {"202": _json(_ref("Seq")), **_ERRORS},
-            }
-        },
-        "/v1/sessions/{id}/cancel": {
-            "post": {
-                "summary": "Cancel the current work of the session",
-                "parameters": [_SESSION_ID],
-                "responses": {"202": _json(_ref("Seq")), **_ERRORS},
-            }
-        },
-        "/v1/sessions/{id}/events": {
-            "get": {
-                "summary": "SSE of facts (id: seq) and partials; ?format=json for a page",
-                "parameters": [
-                    _SESSION_ID,
-                    {"name": "after", "in": "query", "schema": {"type": "integer"}},
-                    {"name": "limit", "in": "query", "schema": {"type": "integer"}},
-                    {"name": "format", "in": "query", "schema": {"enum": ["json"]}},
-                    {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
-                ],
-                "responses": {"200": {"description": "text/event-stream"}, **_ERRORS},
-            }
-        },
-        "/v1/sessions/{id}/context": {
-            "get": {
-                "summary": "Exactly what the model was (or would be) shown at a seq",
-                "parameters": [
-                    _SESSION_ID,
-                    {"name": "at", "in": "query", "schema": {"type": "integer"}},
-                ],
-                "responses": {"200": _json({"type": "object"}), **_ERRORS},
-            }
-        },
-        "/v1/blobs": {
-            "post": {"summary": "Start a resumable upload", "responses": {"201": _json({})}}
-        },
-        "/v1/blobs/{id}": {
-            "head": {"summary": "The upload's offset", "responses": {"200": {"description": "OK"}}},
-            "patch": {
-                "summary": "Append a chunk at Upload-Offset",
-                "responses": {
-                    "200": _json({}),
-                    "409": _json(_ref("Error"), "Wrong offset"),
-                },
-            },
-        },
-        "/v1/runtime/drain": {
-            "post": {"summary": "Drain a runtime (admin)", "responses": {"202": _json({})}}
-        },
-        "/v1/runtime/status": {
-            "get": {"summary": "Every runtime's state (admin)", "responses": {"200": _json({})}}
-        },
-        "/healthz": {"get": {"security": [], "responses": {"200": {"description": "alive"}}}},
-        "/readyz": {"get": {"security": [], "responses": {"200": {"description": "ready"}}}},
-        "/metrics": {"get": {"security": [], "responses": {"200": {"description": "Prometheus"}}}},
-    },
+    "paths": _PATHS,
 }

@@ -10,8 +10,8 @@ import socket
 import uvicorn
 
 from edge.app import create_app
-from edge.blobs import blob_store
 from edge.gateway import EdgeConfig, Gateway
+from services.blobs import blob_store
 from services.common.config import Settings
 
 log = logging.getLogger("keel.edge")

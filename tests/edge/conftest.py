@@ -1,8 +1,9 @@
 """A real edge over real HTTP, on PostgreSQL, for the edge's end-to-end tests.
 
-`stack` is an in-process ledger and kernel (tests/runner/cluster.py) plus an
-EdgeServer on 127.0.0.1:0 and an httpx client carrying the admin key of
-tenant "default". A runner is added only where a test asks for one: in
+`stack` is an in-process ledger and kernel (tests/runner/cluster.py), a
+compaction server (the edge's /context), an EdgeServer on 127.0.0.1:0 and an
+httpx client carrying the key of tenant "default" that `keel up` prints: its
+admin and an operator. A runner is added only where a test asks for one: in
 process (`runner` fixture) or as an OS process (`stack.cluster.start_runner`)
 when the test SIGKILLs it. Nothing of ours is mocked; waits poll with a
 deadline or wait for SSE frames, never sleep.
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from compaction.server import CompactionServer
 from edge.gateway import EdgeConfig, Gateway
 from edge.server import EdgeServer
 from services.cli.chat_view import SseEvent, SseParser
@@ -39,6 +41,7 @@ class Stack:
     cluster: Cluster
     edge: EdgeServer
     http: httpx.AsyncClient
+    compaction: CompactionServer
     runners: list[RunnerServer] = field(default_factory=list)
 
     @property
@@ -60,6 +63,14 @@ class Stack:
     async def post_input(self, session_id: str, text: str, request_id: str) -> httpx.Response:
         return await self.http.post(
             f"/v1/sessions/{session_id}/inputs", json={"text": text, "requestId": request_id}
+        )
+
+    def client(self, key: str) -> httpx.AsyncClient:
+        """An HTTP client of this edge sending `key` (the caller closes it)."""
+        return httpx.AsyncClient(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=httpx.Timeout(DEADLINE_S),
         )
 
     @staticmethod
@@ -95,16 +106,21 @@ class Stack:
 @pytest.fixture
 async def stack(pg_settings: Settings) -> AsyncIterator[Stack]:
     cluster = await start_cluster(pg_settings, backoff_base_ms=100, max_attempts=3)
+    compaction: CompactionServer | None = None
     edge: EdgeServer | None = None
     http: httpx.AsyncClient | None = None
     running: Stack | None = None
     try:
-        await cluster.kernel.create_api_key("default", ADMIN_KEY, admin=True)
+        await cluster.kernel.create_api_key("default", ADMIN_KEY, admin=True, operator=True)
+        compaction = await CompactionServer(
+            pg_settings, cluster.ledger_server.target, cluster.kernel_server.target
+        ).start()
         edge = await EdgeServer(
             pg_settings,
             EdgeConfig(
                 cluster.ledger_server.target,
                 cluster.kernel_server.target,
+                compaction.target,
                 drain_retry_after_ms=250,
             ),
         ).start()
@@ -113,7 +129,7 @@ async def stack(pg_settings: Settings) -> AsyncIterator[Stack]:
             headers={"Authorization": f"Bearer {ADMIN_KEY}"},
             timeout=httpx.Timeout(DEADLINE_S),
         )
-        running = Stack(cluster, edge, http)
+        running = Stack(cluster, edge, http, compaction)
         yield running
     finally:
         if http is not None:
@@ -123,6 +139,8 @@ async def stack(pg_settings: Settings) -> AsyncIterator[Stack]:
         if running is not None:
             for runner in running.runners:
                 await runner.stop(grace=0.2)
+        if compaction is not None:
+            await compaction.stop(grace=0.2)
         await stop_cluster(cluster)
 
 

@@ -202,3 +202,42 @@ async def test_tenants_are_isolated(stack: Stack) -> None:
     finally:
         for client in (other, plain, anonymous):
             await client.aclose()
+
+
+async def test_a_complete_blob_downloads_with_its_content_type(stack: Stack) -> None:
+    http = stack.http
+    payload = random.Random(7).randbytes(70_000)
+    content_type = "text/plain; charset=latin-1"
+    blob_id = (
+        await http.post("/v1/blobs", json={"length": len(payload), "contentType": content_type})
+    ).json()["id"]
+    half = len(payload) // 2
+    first = await http.patch(
+        f"/v1/blobs/{blob_id}", content=payload[:half], headers={"Upload-Offset": "0"}
+    )
+    assert first.status_code == 200, first.text
+
+    # Half uploaded: nothing to download yet.
+    early = await http.get(f"/v1/blobs/{blob_id}/content")
+    assert str(half) in assert_error(early, 409)["message"]
+
+    rest = await http.patch(
+        f"/v1/blobs/{blob_id}", content=payload[half:], headers={"Upload-Offset": str(half)}
+    )
+    assert rest.json()["complete"] is True
+    download = await http.get(f"/v1/blobs/{blob_id}/content")
+    assert download.status_code == 200
+    assert download.content == payload
+    assert download.headers["content-type"] == content_type
+    assert download.headers["x-content-type-options"] == "nosniff"
+
+    kernel = stack.cluster.kernel
+    await kernel.create_tenant("tenant-b", "Tenant B")
+    await kernel.create_api_key("tenant-b", OTHER_KEY)
+    other = stack.client(OTHER_KEY)
+    try:
+        assert_error(await other.get(f"/v1/blobs/{blob_id}/content"), 404)
+    finally:
+        await other.aclose()
+    for missing in ("blob-" + "0" * 24, "blob-not-made-by-the-store", "x" * 500):
+        assert_error(await http.get(f"/v1/blobs/{missing}/content"), 404)

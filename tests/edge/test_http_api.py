@@ -34,9 +34,11 @@ async def test_inputs_are_idempotent_by_request_id(stack: Stack) -> None:
     seq = first.json()["seq"]
     assert isinstance(seq, int) and seq >= 1
 
+    assert first.json() == {"seq": seq, "requestId": "req-1", "retrySafe": True}
+
     again = await stack.post_input(session, "hello", "req-1")
     assert again.status_code == 200, again.text
-    assert again.json() == {"seq": seq}
+    assert again.json() == {"seq": seq, "requestId": "req-1", "retrySafe": True}
 
     other = await stack.post_input(session, "another body", "req-1")
     error = assert_error(other, 409)
@@ -75,7 +77,6 @@ async def test_bad_requests_are_json_4xx_never_5xx(stack: Stack) -> None:
         ("JSON string", await http.post(inputs, json="hello"), 400),
         ("JSON null", await http.post(inputs, content=b"null"), 400),
         ("empty body", await http.post(inputs, content=b""), 400),
-        ("missing requestId", await http.post(inputs, json={"text": "x"}), 400),
         ("missing text", await http.post(inputs, json={"requestId": "r"}), 400),
         ("text not a string", await http.post(inputs, json={"text": 5, "requestId": "r"}), 400),
         (
@@ -227,6 +228,48 @@ async def test_bad_requests_are_json_4xx_never_5xx(stack: Stack) -> None:
         ("blob: length zero", await http.post("/v1/blobs", json={"length": 0}), 400),
         ("blob: negative length", await http.post("/v1/blobs", json={"length": -5}), 400),
         ("blob: unknown", await http.head("/v1/blobs/blob-nope"), 404),
+        ("blob: content of unknown", await http.get("/v1/blobs/blob-nope/content"), 404),
+        (
+            "blob: content type that could split a header",
+            await http.post("/v1/blobs", json={"length": 3, "contentType": "text/plain\r\nX: y"}),
+            400,
+        ),
+        (
+            "blob: content type not a type",
+            await http.post("/v1/blobs", json={"length": 3, "contentType": "png"}),
+            400,
+        ),
+        (
+            "events: unknown format",
+            await http.get(f"/v1/sessions/{session}/events?format=xml"),
+            400,
+        ),
+        ("sessions: limit=0", await http.get("/v1/sessions?limit=0"), 400),
+        ("sessions: limit=abc", await http.get("/v1/sessions?limit=abc"), 400),
+        ("sessions: after not an id", await http.get("/v1/sessions?after=a%20b"), 400),
+        (
+            "requestId and Idempotency-Key differ",
+            await http.post(
+                inputs, json={"text": "x", "requestId": "r-1"}, headers={"Idempotency-Key": "r-2"}
+            ),
+            400,
+        ),
+        (
+            "Idempotency-Key not an id",
+            await http.post(inputs, json={"text": "x"}, headers={"Idempotency-Key": "a b"}),
+            400,
+        ),
+        (
+            "empty Idempotency-Key",
+            await http.post(inputs, json={"text": "x"}, headers={"Idempotency-Key": ""}),
+            400,
+        ),
+        ("requestId empty", await http.post(inputs, json={"text": "x", "requestId": ""}), 400),
+        (
+            "retry: requestId not a string",
+            await http.post(f"/v1/sessions/{session}/retry", json={"seq": 1, "requestId": 5}),
+            400,
+        ),
         (
             "blob: PATCH unknown",
             await http.patch("/v1/blobs/blob-nope", content=b"x", headers={"Upload-Offset": "0"}),
@@ -247,6 +290,8 @@ async def test_bad_requests_are_json_4xx_never_5xx(stack: Stack) -> None:
 
     # Nothing of the refused inputs reached the ledger.
     assert [f for f in await stack.facts(session) if f.kind == "input"] == []
+    # A wrong method says which are right.
+    assert (await http.get(inputs)).headers["allow"] == "POST"
 
 
 async def test_probes_metrics_and_openapi(stack: Stack) -> None:
@@ -261,13 +306,20 @@ async def test_probes_metrics_and_openapi(stack: Stack) -> None:
         for path in ("/v1/sessions", "/v1/sessions/{id}/inputs", "/v1/sessions/{id}/events"):
             assert path in document["paths"], path
 
-        await stack.new_session()
+        session = await stack.new_session()
+        # Refusals are counted too, whoever answered them: a handler of the
+        # route's error, or the router itself.
+        refused = await stack.http.post(f"/v1/sessions/{session}/inputs", json={"txt": "x"})
+        assert refused.status_code == 400
+        assert (await stack.http.get("/v1/nope")).status_code == 404
         metrics = await anonymous.get("/metrics")
         assert metrics.status_code == 200
         assert metrics.headers["content-type"].startswith("text/plain")
         text = metrics.text
         assert "# TYPE keel_edge_requests_total counter" in text
         assert 'keel_edge_requests_total{route="create_session",status="201"} 1.0' in text
+        assert 'keel_edge_requests_total{route="post_input",status="400"} 1.0' in text
+        assert 'keel_edge_requests_total{route="unmatched",status="404"} 1.0' in text
         assert "keel_edge_sse_clients" in text
 
         page = await anonymous.get("/")
@@ -294,3 +346,52 @@ async def test_responses_are_not_held_back_by_nagle(stack: Stack) -> None:
     for transport in transports:
         sock = transport.get_extra_info("socket")
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+async def test_unknown_fields_are_refused_by_name(stack: Stack) -> None:
+    """A misspelt field is a 400 naming it, not silently ignored: a
+    `requestID` dropped on the floor would make a resend commit twice."""
+    http = stack.http
+    session = await stack.new_session()
+    cases = {
+        "requestID": await http.post(
+            f"/v1/sessions/{session}/inputs", json={"text": "x", "requestID": "r-1"}
+        ),
+        "blob": await http.post(f"/v1/sessions/{session}/retry", json={"seq": 1, "blob": ["b"]}),
+        "name": await http.post("/v1/sessions", json={"name": "mine"}),
+        "size": await http.post("/v1/blobs", json={"length": 3, "size": 3}),
+        "deadline": await http.post("/v1/runtime/drain", json={"mode": "handoff", "deadline": 5}),
+    }
+    for field_name, response in cases.items():
+        error = assert_error(response, 400)
+        assert repr(field_name) in error["message"], (field_name, error)
+    # Nothing was committed, created or drained.
+    assert [f.kind for f in await stack.facts(session)] == ["session_created"]
+    listed = (await http.get("/v1/sessions")).json()["sessions"]
+    assert [s["id"] for s in listed] == [session]
+    assert not stack.gateway.draining.is_set()
+
+
+async def test_a_400_never_echoes_a_long_client_value(stack: Stack) -> None:
+    http = stack.http
+    session = await stack.new_session()
+    long = "z" * 5000
+    responses = {
+        "path session id": await http.get(f"/v1/sessions/{long}%20"),
+        "created session id": await http.post("/v1/sessions", json={"id": long}),
+        "requestId": await http.post(
+            f"/v1/sessions/{session}/inputs", json={"text": "x", "requestId": long}
+        ),
+        "Idempotency-Key": await http.post(
+            f"/v1/sessions/{session}/inputs", json={"text": "x"}, headers={"Idempotency-Key": long}
+        ),
+        "retry requestId": await http.post(
+            f"/v1/sessions/{session}/retry", json={"seq": 1, "requestId": long}
+        ),
+        "unknown field": await http.post(f"/v1/sessions/{session}/inputs", json={long: 1}),
+        "list cursor": await http.get(f"/v1/sessions?after={long}"),
+    }
+    for name, response in responses.items():
+        message = assert_error(response, 400)["message"]
+        assert "z" * 65 not in message, (name, message)
+        assert "zzzz" in message, (name, "the refused value is still named, cut short")

@@ -1,0 +1,176 @@
+"""What every route of the edge shares: who is calling, reading the body and
+the parameters of a request, and counting requests.
+
+Authentication happens in one place, `api_route`: a route of the API gets
+the authenticated `Caller`, or the request is answered 401 before it runs.
+Helpers raise `EdgeError`s; the app's exception handlers turn them (and any
+service's `KeelError`) into JSON `{error: {code, message}}`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from edge.errors import BadRequest, PayloadTooLarge, shown
+from edge.gateway import Caller, Gateway
+
+MAX_BODY_BYTES = 1 << 20
+# Seqs, cursors and offsets travel as int64 on the wire.
+MAX_INT64 = (1 << 63) - 1
+
+ApiHandler = Callable[[Request, Caller], Awaitable[Response]]
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "keel_edge_requests", "HTTP requests", ["route", "status"], registry=self.registry
+        )
+        self.sse_clients = Gauge(
+            "keel_edge_sse_clients", "Open SSE streams", registry=self.registry
+        )
+
+
+class RequestMetrics:
+    """Counts every HTTP request by route name and status, whatever answered
+    it: the route, an exception handler, or the router (404, 405)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        counted = False
+
+        def count(status: int) -> None:
+            nonlocal counted
+            counted = True
+            # The router records the matched route in the scope; unmatched
+            # paths share one label so clients cannot grow the label set.
+            route = scope.get("route")
+            name = getattr(route, "name", None) or "unmatched"
+            self.metrics.requests.labels(name, str(status)).inc()
+
+        async def counting_send(message: Message) -> None:
+            # Counted when the response starts: an SSE stream may last hours.
+            if message["type"] == "http.response.start" and not counted:
+                count(int(message["status"]))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            if not counted:
+                count(500)
+
+
+def gateway_of(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
+def metrics_of(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+def bearer(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip()
+    # EventSource cannot send headers: the web page passes its key this way.
+    return request.query_params.get("access_token", "")
+
+
+def api_route(path: str, handler: ApiHandler, methods: list[str]) -> Route:
+    """A route of the API, named after its handler; the one place that
+    authenticates: the handler runs only for a known key."""
+
+    async def endpoint(request: Request) -> Response:
+        caller = await gateway_of(request).authenticate(bearer(request))
+        return await handler(request, caller)
+
+    return Route(path, endpoint, methods=methods, name=handler.__name__)
+
+
+async def read_limited(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"the body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the body is larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def json_body(request: Request, fields: Collection[str]) -> dict[str, Any]:
+    """The request's JSON object ({} for an empty body). A field not in
+    `fields` is refused by name: a misspelt `requestID` silently ignored
+    would turn an idempotent request into a duplicating one."""
+    raw = await read_limited(request, MAX_BODY_BYTES)
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+        # A lone surrogate (`"\ud800"`) parses but cannot be stored as UTF-8.
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except (ValueError, UnicodeError, RecursionError):
+        raise BadRequest("the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    for name in body:
+        if name not in fields:
+            allowed = ", ".join(sorted(fields)) or "none"
+            raise BadRequest(f"unknown field {shown(name)}; the fields are: {allowed}")
+    return body
+
+
+def is_count(raw: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts '²', which int() refuses."""
+    return 0 < len(raw) <= 19 and raw.isascii() and raw.isdigit() and int(raw) <= MAX_INT64
+
+
+def int_param(request: Request, name: str, default: int, minimum: int = 0) -> int:
+    value = optional_int_param(request, name, minimum)
+    return default if value is None else value
+
+
+def optional_int_param(request: Request, name: str, minimum: int = 0) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{name} must be an integer") from None
+    if value < minimum:
+        raise BadRequest(f"{name} must be >= {minimum}")
+    if value > MAX_INT64:
+        raise BadRequest(f"{name} must be <= {MAX_INT64}")
+    return value
+
+
+def session_id(request: Request, caller: Caller) -> str:
+    """The ledger's id of the session named in the path (ids are per tenant)."""
+    return Gateway.ledger_session_id(caller, request.path_params["id"])
+
+
+def idempotency_key(request: Request) -> str | None:
+    """The Idempotency-Key header: another way to send an input's requestId."""
+    return request.headers.get("idempotency-key")

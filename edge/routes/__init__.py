@@ -1,0 +1,1 @@
+"""The edge's HTTP routes, one module per part of the API (SPEC §7)."""

@@ -1,0 +1,89 @@
+"""Blobs: resumable uploads by offset, and downloads of complete ones.
+
+The store (services.blobs) is blocking I/O, so every call runs in a thread;
+its refusals are `KeelError`s the app's handler maps to 4xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from edge.errors import BadRequest, Conflict
+from edge.gateway import Caller
+from edge.http import api_route, gateway_of, is_count, json_body, read_limited
+
+MAX_CHUNK_BYTES = 8 << 20
+# The content type is sent back as a header on download: printable ASCII in
+# the `type/subtype; params` shape only, so it can never split a header.
+_CONTENT_TYPE = re.compile(r"^[A-Za-z0-9!#$&^_.+\-]+/[A-Za-z0-9!#$&^_.+\-]+(;[ -~]*)?$")
+MAX_CONTENT_TYPE_CHARS = 255
+
+
+async def create_blob(request: Request, caller: Caller) -> Response:
+    body = await json_body(request, {"length", "contentType"})
+    length = body.get("length")
+    if not isinstance(length, int) or isinstance(length, bool):
+        raise BadRequest("length (integer) is required")
+    content_type = body.get("contentType", "application/octet-stream")
+    if not isinstance(content_type, str):
+        raise BadRequest("contentType must be a string")
+    if len(content_type) > MAX_CONTENT_TYPE_CHARS or not _CONTENT_TYPE.match(content_type):
+        raise BadRequest("contentType must be a media type such as image/png")
+    store = gateway_of(request).blobs
+    info = await asyncio.to_thread(store.create, caller.tenant_id, length, content_type)
+    return JSONResponse(info.to_json(), status_code=201, headers={"Upload-Offset": "0"})
+
+
+async def blob_offset(request: Request, caller: Caller) -> Response:
+    store = gateway_of(request).blobs
+    info = await asyncio.to_thread(store.get, caller.tenant_id, request.path_params["id"])
+    headers = {"Upload-Offset": str(info.offset), "Upload-Length": str(info.length)}
+    if request.method == "HEAD":
+        return Response(status_code=200, headers=headers)
+    return JSONResponse(info.to_json(), headers=headers)
+
+
+async def append_blob(request: Request, caller: Caller) -> Response:
+    raw_offset = request.headers.get("upload-offset", "")
+    if not is_count(raw_offset):
+        raise BadRequest("Upload-Offset header (non-negative integer) is required")
+    chunk = await read_limited(request, MAX_CHUNK_BYTES)
+    store = gateway_of(request).blobs
+    info = await asyncio.to_thread(
+        store.append, caller.tenant_id, request.path_params["id"], int(raw_offset), chunk
+    )
+    return JSONResponse(info.to_json(), headers={"Upload-Offset": str(info.offset)})
+
+
+async def blob_content(request: Request, caller: Caller) -> Response:
+    store = gateway_of(request).blobs
+    blob_id = request.path_params["id"]
+    info = await asyncio.to_thread(store.get, caller.tenant_id, blob_id)
+    if not info.complete:
+        raise Conflict(f"blob {info.id} is not completely uploaded (offset {info.offset})")
+    data = await asyncio.to_thread(store.read, caller.tenant_id, blob_id)
+    return Response(
+        data,
+        headers={
+            # The type the client declared, as it declared it (no charset added).
+            "Content-Type": info.content_type,
+            # Uploaded bytes are the client's, not the edge's: a browser must
+            # neither sniff them into HTML nor run them on the page's origin.
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "sandbox",
+            "Content-Disposition": "attachment",
+        },
+    )
+
+
+routes: list[Route] = [
+    api_route("/v1/blobs", create_blob, ["POST"]),
+    api_route("/v1/blobs/{id}", blob_offset, ["GET", "HEAD"]),
+    api_route("/v1/blobs/{id}", append_blob, ["PATCH"]),
+    api_route("/v1/blobs/{id}/content", blob_content, ["GET"]),
+]

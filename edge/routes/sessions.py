@@ -1,0 +1,139 @@
+"""Sessions: create and list them, commit inputs, retry, cancel, read their
+facts (SSE or pages) and the context the model saw."""
+
+from __future__ import annotations
+
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from edge.errors import BadRequest
+from edge.gateway import DEFAULT_SESSION_PAGE, MAX_SESSION_PAGE, Caller, Committed
+from edge.http import (
+    api_route,
+    gateway_of,
+    idempotency_key,
+    int_param,
+    is_count,
+    json_body,
+    metrics_of,
+    optional_int_param,
+    session_id,
+)
+from edge.streams import SessionStream, fact_json
+
+MAX_PAGE = 1000
+DEFAULT_PAGE = 500
+
+
+async def create_session(request: Request, caller: Caller) -> Response:
+    body = await json_body(request, {"id"})
+    wanted = body.get("id")
+    if wanted is not None and not isinstance(wanted, str):
+        raise BadRequest("id must be a string")
+    created = await gateway_of(request).create_session(caller, wanted)
+    return JSONResponse({"id": created}, status_code=201)
+
+
+async def list_sessions(request: Request, caller: Caller) -> Response:
+    after = request.query_params.get("after") or None
+    limit = min(int_param(request, "limit", DEFAULT_SESSION_PAGE, minimum=1), MAX_SESSION_PAGE)
+    sessions, following = await gateway_of(request).list_sessions(caller, after, limit)
+    return JSONResponse({"sessions": sessions, "next": following})
+
+
+async def get_session(request: Request, caller: Caller) -> Response:
+    gateway = gateway_of(request)
+    view = await gateway.session(caller, session_id(request, caller))
+    return JSONResponse(
+        {
+            "id": gateway.public_session_id(view.session_id),
+            "headSeq": view.head_seq,
+            "status": await gateway.status_of(view),
+            "owedInputs": list(view.owed_input_seqs),
+            "latestCompactionSeq": view.latest_compaction_seq,
+        }
+    )
+
+
+def _committed(committed: Committed) -> Response:
+    # 202: a new input, to be answered; 200: this requestId's input, already there.
+    return JSONResponse(committed.to_json(), status_code=200 if committed.duplicate else 202)
+
+
+async def post_input(request: Request, caller: Caller) -> Response:
+    body = await json_body(request, {"text", "requestId", "blobs"})
+    committed = await gateway_of(request).commit_input(
+        caller, session_id(request, caller), body, idempotency_key(request)
+    )
+    return _committed(committed)
+
+
+async def retry_input(request: Request, caller: Caller) -> Response:
+    body = await json_body(request, {"seq", "requestId"})
+    committed = await gateway_of(request).retry(
+        caller, session_id(request, caller), body, idempotency_key(request)
+    )
+    return _committed(committed)
+
+
+async def cancel(request: Request, caller: Caller) -> Response:
+    seq = await gateway_of(request).cancel(caller, session_id(request, caller))
+    if seq is None:
+        return JSONResponse({"cancelled": False})
+    return JSONResponse({"seq": seq, "cancelled": True}, status_code=202)
+
+
+async def events(request: Request, caller: Caller) -> Response:
+    gateway = gateway_of(request)
+    ledger_id = session_id(request, caller)
+    view = await gateway.session(caller, ledger_id)
+    page_format = request.query_params.get("format") or None
+    if page_format not in (None, "json"):
+        raise BadRequest("format must be json (a page of facts), or absent for SSE")
+    cursor_header = request.headers.get("last-event-id")
+    if cursor_header is not None and cursor_header != "":
+        if not is_count(cursor_header):
+            raise BadRequest("Last-Event-ID must be a seq (a non-negative integer)")
+        after = int(cursor_header)
+    else:
+        after = int_param(request, "after", 0)
+    if after > view.head_seq:
+        # A cursor from the future would silently skip facts until the
+        # session caught up with it: refuse it instead.
+        raise BadRequest(f"cursor {after} is beyond the session's head {view.head_seq}")
+    if page_format == "json":
+        limit = min(int_param(request, "limit", DEFAULT_PAGE, minimum=1), MAX_PAGE)
+        facts, head = await gateway.ledger.read(ledger_id, after, limit)
+        return JSONResponse(
+            {
+                "facts": [fact_json(f) for f in facts],
+                "headSeq": head,
+                "next": facts[-1].seq if facts else after,
+            }
+        )
+    stream = SessionStream(gateway, ledger_id, after, metrics_of(request).sse_clients)
+    return EventSourceResponse(
+        stream.events(),
+        ping=gateway.config.keepalive_s,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def context(request: Request, caller: Caller) -> Response:
+    at = optional_int_param(request, "at", minimum=1)
+    built = await gateway_of(request).context(caller, session_id(request, caller), at)
+    return JSONResponse(built)
+
+
+routes: list[Route] = [
+    api_route("/v1/sessions", create_session, ["POST"]),
+    api_route("/v1/sessions", list_sessions, ["GET"]),
+    api_route("/v1/sessions/{id}", get_session, ["GET"]),
+    api_route("/v1/sessions/{id}/inputs", post_input, ["POST"]),
+    api_route("/v1/sessions/{id}/retry", retry_input, ["POST"]),
+    api_route("/v1/sessions/{id}/cancel", cancel, ["POST"]),
+    api_route("/v1/sessions/{id}/events", events, ["GET"]),
+    api_route("/v1/sessions/{id}/context", context, ["GET"]),
+]
