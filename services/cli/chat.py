@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from services.cli.chat_view import ChatView, SseEvent, SseParser
+from services.cli.chat_view import ChatView, Delta, SseEvent, SseParser
 
 HELP = (
     "Type a message and press Enter. Commands: :retry <seq>  :cancel  :quit  :help. "
@@ -144,11 +144,7 @@ class ChatClient:
         if not isinstance(payload, dict):
             return
         if event.event == "delta":
-            self.view.delta(
-                str(payload.get("generationId", "")),
-                str(payload.get("channel", "text")),
-                str(payload.get("text", "")),
-            )
+            self.view.delta(Delta.from_json(payload))
         elif event.event == "status":
             self.view.status(str(payload.get("state", "")))
         elif "kind" in payload:
@@ -188,10 +184,12 @@ class ChatClient:
         _raise_for(response)
         return int(response.json()["seq"])
 
-    async def cancel(self) -> int:
+    async def cancel(self) -> int | None:
+        """The cancel's seq; None when the session had nothing to cancel."""
         response = await self.http.post(self._path("/cancel"), json={})
         _raise_for(response)
-        return int(response.json()["seq"])
+        seq = response.json().get("seq")
+        return None if seq is None else int(seq)
 
     async def settled(self) -> bool:
         """Every fact printed, and nothing more coming: idle with nothing

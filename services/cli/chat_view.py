@@ -9,8 +9,7 @@ transcript.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,9 +18,8 @@ from rich.live import Live
 from rich.text import Text
 
 CANCELLED_STOP = "cancelled"
-# A partial that received nothing for this long belongs to a dead attempt
-# once a new epoch starts (deltas carry no epoch of their own).
-QUIET_PARTIAL_S = 1.0
+# What the live region says while the session is busy.
+BUSY_WORDS = {"running": "running…", "compacting": "compacting the context…"}
 
 
 # ------------------------------------------------------------------ SSE
@@ -162,12 +160,52 @@ def _render_assistant(line: Text, data: Mapping[str, Any]) -> RenderableType:
     return parts[0] if len(parts) == 1 else Group(*parts)
 
 
+@dataclass(frozen=True)
+class Delta:
+    """One `delta` event: a fragment of a generation as one attempt streams it."""
+
+    generation_id: str
+    channel: str
+    text: str
+    epoch: int | None = None
+    attempt_id: str = ""
+    tool_call_id: str = ""
+    tool_name: str = ""
+
+    @classmethod
+    def from_json(cls, payload: Mapping[str, Any]) -> Delta:
+        epoch = payload.get("epoch")
+        return cls(
+            generation_id=str(payload.get("generationId", "")),
+            channel=str(payload.get("channel", "text")),
+            text=str(payload.get("text", "")),
+            epoch=epoch if isinstance(epoch, int) else None,
+            attempt_id=str(payload.get("attemptId", "")),
+            tool_call_id=str(payload.get("toolCallId", "")),
+            tool_name=str(payload.get("toolName", "")),
+        )
+
+
 @dataclass
 class _Partial:
+    """The preview of one generation as streamed by one (epoch, attempt)."""
+
+    epoch: int | None
+    attempt_id: str
     text: str = ""
     thinking: str = ""
-    tool_call: str = ""
-    last_delta_at: float = field(default_factory=time.monotonic)
+    # toolCallId -> [tool name, argument fragments so far], in arrival order.
+    tool_calls: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, delta: Delta) -> None:
+        if delta.channel == "thinking":
+            self.thinking += delta.text
+        elif delta.channel == "tool_call":
+            call = self.tool_calls.setdefault(delta.tool_call_id, ["", ""])
+            call[0] = delta.tool_name or call[0]
+            call[1] += delta.text
+        else:
+            self.text += delta.text
 
 
 class ChatView:
@@ -199,13 +237,18 @@ class ChatView:
                     self._tool_names[str(call.get("id"))] = str(call.get("name"))
         elif kind == "epoch_started":
             # A new owner restreams the same generationId from its first
-            # token; a partial still receiving tokens is the new stream's
-            # (deltas may overtake their epoch_started), a quiet one is dead.
-            now = time.monotonic()
-            for generation, partial in list(self._pending.items()):
-                if now - partial.last_delta_at > QUIET_PARTIAL_S:
-                    del self._pending[generation]
-        elif kind in ("attempt_failed", "session_parked"):
+            # token: partials of older epochs were cut off.
+            epoch = data.get("epoch")
+            if isinstance(epoch, int):
+                self._drop(lambda partial: partial.epoch is None or partial.epoch < epoch)
+        elif kind == "attempt_failed":
+            # That attempt's partials never commit; a retry streams anew.
+            failed = fact.get("epoch")
+            if isinstance(failed, int):
+                self._drop(lambda partial: partial.epoch is None or partial.epoch <= failed)
+            else:
+                self._pending.clear()
+        elif kind == "session_parked":
             self._pending.clear()
         # The live region first: printing redraws it below the new line, and
         # it must not flash the partial this fact just replaced.
@@ -219,18 +262,30 @@ class ChatView:
 
     # Partials and state -------------------------------------------------
 
-    def delta(self, generation_id: str, channel: str, text: str) -> None:
-        if generation_id in self._committed:
+    def delta(self, delta: Delta) -> None:
+        """A partial keyed by (generationId, epoch, attemptId): a delta of
+        another epoch or attempt replaces the preview rather than extending
+        it, since a successor or a retry streams the answer from the start."""
+        if not delta.generation_id or delta.generation_id in self._committed:
             return  # its answer is already printed
-        partial = self._pending.setdefault(generation_id, _Partial())
-        partial.last_delta_at = time.monotonic()
-        if channel == "thinking":
-            partial.thinking += text
-        elif channel == "tool_call":
-            partial.tool_call += text
-        else:
-            partial.text += text
+        partial = self._pending.get(delta.generation_id)
+        if partial is not None and (partial.epoch, partial.attempt_id) != (
+            delta.epoch,
+            delta.attempt_id,
+        ):
+            if (partial.epoch or 0) > (delta.epoch or 0):
+                return  # a late token of a superseded epoch
+            partial = None
+        if partial is None:
+            partial = _Partial(delta.epoch, delta.attempt_id)
+            self._pending[delta.generation_id] = partial
+        partial.add(delta)
         self._refresh()
+
+    def _drop(self, predicate: Callable[[_Partial], bool]) -> None:
+        for generation, partial in list(self._pending.items()):
+            if predicate(partial):
+                del self._pending[generation]
 
     def status(self, state: str) -> None:
         self._status = state
@@ -248,6 +303,16 @@ class ChatView:
         self._connection = state
         self._refresh()
 
+    def preview_texts(self) -> dict[str, str]:
+        """The text of each preview on show, by generationId."""
+        return {generation: partial.text for generation, partial in self._pending.items()}
+
+    def preview_tool_calls(self, generation_id: str) -> dict[str, tuple[str, str]]:
+        """toolCallId -> (tool name, arguments so far) of one preview."""
+        partial = self._pending.get(generation_id)
+        calls = partial.tool_calls.items() if partial is not None else ()
+        return {call_id: (name, arguments) for call_id, (name, arguments) in calls}
+
     def close(self) -> None:
         if self._live is not None:
             self._live.stop()
@@ -260,12 +325,17 @@ class ChatView:
                 parts.append(Text(f"(thinking… {len(partial.thinking)} characters)", "dim italic"))
             if partial.text:
                 parts.append(Text.assemble(("assistant", "bold green"), ": ", partial.text))
-            if partial.tool_call:
-                parts.append(Text(f"   → {partial.tool_call}", style="magenta"))
-        busy = {"running": "running…", "compacting": "compacting…"}.get(self._status)
-        footer = " · ".join(word for word in (busy, self._connection) if word)
+            for name, arguments in partial.tool_calls.values():
+                parts.append(Text(f"   → {name or 'tool'}({arguments}", style="magenta"))
+        footer = Text()
+        busy = BUSY_WORDS.get(self._status)
+        if busy:
+            # Compacting holds the queue for a while: say so plainly.
+            footer.append(busy, style="bold green" if self._status == "compacting" else "dim")
+        if self._connection:
+            footer.append(f"{' · ' if busy else ''}{self._connection}", style="dim")
         if footer:
-            parts.append(Text(footer, style="dim"))
+            parts.append(footer)
         return Group(*parts) if parts else None
 
     def _refresh(self) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,8 +22,13 @@ import pytest
 from rich.console import Console
 
 from services.cli.chat import ChatClient, open_session
-from services.cli.chat_view import ChatView, SseEvent, SseParser
-from tests.edge.test_web_page import keel_up
+from services.cli.chat_view import ChatView, Delta, SseEvent, SseParser
+from tests.edge.test_web_page import (
+    keel_up,
+    keel_up_process,
+    talk_until_compacted,
+    use_quick_compaction,
+)
 from tests.processes import ChildProcess
 
 KEY = "chat-client-test-key-0123456789"
@@ -88,6 +95,47 @@ def test_a_fact_at_or_below_the_cursor_is_ignored() -> None:
         client.handle(fact(seq))
     assert view.seqs == [1, 2, 3]
     assert client.last_seq == 3
+
+
+def delta_event(epoch: int, attempt: str, channel: str, text: str, **extra: str) -> SseEvent:
+    payload = {"generationId": "gen-4", "epoch": epoch, "attemptId": attempt}
+    payload.update(channel=channel, text=text, **extra)
+    return SseEvent("delta", json.dumps(payload), None)
+
+
+def test_a_retried_attempt_replaces_the_preview_and_tool_calls_are_grouped() -> None:
+    view = ChatView(Console(file=io.StringIO(), width=300, color_system=None))
+    client = ChatClient(httpx.AsyncClient(), "s", view)
+    client.handle(delta_event(1, "a-1", "text", "Hello "))
+    client.handle(delta_event(1, "a-1", "text", "wor"))
+    assert view.preview_texts() == {"gen-4": "Hello wor"}
+    # The attempt failed; its retry (a new attempt id) streams from the start.
+    client.handle(delta_event(1, "a-2", "text", "Hel"))
+    assert view.preview_texts() == {"gen-4": "Hel"}
+    # A successor epoch starts over too; a late token of epoch 1 is ignored.
+    client.handle(delta_event(2, "a-3", "text", "Hi"))
+    client.handle(delta_event(1, "a-2", "text", "lo"))
+    assert view.preview_texts() == {"gen-4": "Hi"}
+    client.handle(delta_event(2, "a-3", "tool_call", '{"ke', toolCallId="c1", toolName="counter"))
+    client.handle(delta_event(2, "a-3", "tool_call", '{"sec', toolCallId="c2", toolName="sleep"))
+    client.handle(delta_event(2, "a-3", "tool_call", 'y":1}', toolCallId="c1"))
+    assert view.preview_tool_calls("gen-4") == {
+        "c1": ("counter", '{"key":1}'),
+        "c2": ("sleep", '{"sec'),
+    }
+    # The committed answer ends the preview; later deltas for it are moot.
+    answer = {"seq": 5, "kind": "assistant", "data": {"generationId": "gen-4", "content": []}}
+    client.handle(SseEvent("assistant", json.dumps(answer), "5"))
+    client.handle(delta_event(2, "a-3", "text", " late"))
+    assert view.preview_texts() == {}
+
+
+def test_a_new_epoch_drops_the_previews_of_older_epochs() -> None:
+    view = ChatView(Console(file=io.StringIO(), width=300, color_system=None))
+    view.delta(Delta("gen-4", "text", "cut off", epoch=1, attempt_id="a-1"))
+    epoch = {"seq": 6, "kind": "epoch_started", "epoch": 2, "data": {"epoch": 2}}
+    view.fact(epoch)
+    assert view.preview_texts() == {}
 
 
 # --------------------------------------------------------- real server
@@ -203,3 +251,51 @@ async def test_piped_stdin_prints_the_conversation_and_exits(base_url: str) -> N
     assert output.count("you: hello there") == 1, output
     assert output.count("assistant: You said: hello there") == 1, output
     assert "unknown command ':bogus'" in output
+
+
+class StatusView(ChatView):
+    """A view on a (pretend) terminal that remembers every status it showed."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            Console(file=io.StringIO(), width=200, force_terminal=True, color_system=None)
+        )
+        self.shown_compacting = asyncio.Event()
+
+    def status(self, state: str) -> None:
+        super().status(state)
+        if state == "compacting":
+            self.shown_compacting.set()
+
+    def output(self) -> str:
+        file = self.console.file
+        assert isinstance(file, io.StringIO)
+        return file.getvalue()
+
+
+async def test_keel_chat_shows_compacting_on_a_terminal(tmp_path: Path) -> None:
+    with keel_up_process(tmp_path / "data", KEY) as up:
+        await use_quick_compaction(up.kernel_target)
+        view = StatusView()
+        async with httpx.AsyncClient(
+            base_url=up.base_url, headers={"Authorization": f"Bearer {KEY}"}
+        ) as http:
+            session = await open_session(http, None)
+            client = ChatClient(http, session, view)
+            follower = asyncio.create_task(client.follow())
+            try:
+                # `/slowsummary 3` ends up in the summary, which then takes 3 s.
+                texts = ["/slowsummary 3 keep the lamp lit", *["/long 300"] * 16]
+                talking = asyncio.create_task(talk_until_compacted(http, session, texts))
+                seen = asyncio.create_task(view.shown_compacting.wait())
+                await asyncio.wait({talking, seen}, return_when=asyncio.FIRST_COMPLETED)
+                if talking.done() and talking.exception() is not None:
+                    raise talking.exception()  # type: ignore[misc]
+                await asyncio.wait_for(seen, DEADLINE_S)
+                # The live region says it, in words, while the summary runs.
+                assert "compacting the context…" in view.output()
+                await talking
+            finally:
+                follower.cancel()
+                await asyncio.gather(follower, return_exceptions=True)
+                view.close()

@@ -8,21 +8,33 @@ a reload replays facts from the ledger without doubling anything.
 Chromium comes from the system (`apt-get install chromium`), not from
 Playwright's download. On a developer machine without it the test is skipped;
 with CI=true it fails, because CI must never pass by skipping.
+
+While a compaction runs the page must say so: the tenant's loadout is set to
+compact quickly, and `/slowsummary` in the conversation makes the scripted
+summary slow enough to watch. Screenshots go to test-artifacts/.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import re
 import socket
 import sys
+import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from playwright.async_api import Browser, Page, Request, async_playwright, expect
 
-from tests.processes import ChildProcess
+from kernel import KernelClient
+from services.common.config import Settings
+from tests.processes import ROOT, ChildProcess
 
 pytestmark = pytest.mark.slow
 
@@ -37,12 +49,21 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 KEY = "web-page-test-key-0123456789"
-SCREENSHOT = Path("/tmp/keel-page.png")
+# Screenshots a person looks at to judge the page; kept after the run.
+ARTIFACTS = ROOT / "test-artifacts"
 # Streamed over ~6 s: time to see tokens arrive, reload, and see more arrive.
 WORDS = "the quick brown fox jumps over the lazy dog while the page reloads midway through"
 MESSAGE = f"/slow 6 {WORDS}"
 ANSWER = f"You said: {WORDS}"
 WAIT_MS = 20_000
+# The kernel logs the port of each gRPC service it serves (KEEL_LOG_LEVEL=INFO).
+_KERNEL_PORT = re.compile(r"serving keel\.kernel\.v1\.KernelService on port (\d+)")
+# A window small enough that a few `/long 300` turns call for a compaction
+# (the loadout of tests/compaction/test_runner_compaction.py).
+QUICK_COMPACTION_LOADOUT: dict[str, Any] = {
+    "model": {"provider": "scripted", "name": "scripted-1", "contextWindow": 2400},
+    "compaction": {"enabled": True, "keepRecentTokens": 700, "reserveTokens": 600},
+}
 
 
 def free_port() -> int:
@@ -52,27 +73,90 @@ def free_port() -> int:
         return port
 
 
+@dataclass(frozen=True)
+class KeelUp:
+    """A running `keel up`: its base URL, the process, and its kernel's address
+    (embedded mode only; empty with --processes)."""
+
+    base_url: str
+    child: ChildProcess
+    kernel_target: str
+
+
 @contextlib.contextmanager
-def keel_up(data_dir: Path, key: str = KEY) -> Iterator[str]:
-    """`keel up` as a real child process; yields its base URL once it is serving."""
+def keel_up_process(data_dir: Path, key: str = KEY, *, processes: bool = False) -> Iterator[KeelUp]:
+    """`keel up` as a real child process, once it is serving."""
     port = free_port()
-    env = dict(os.environ, KEEL_DEV_KEY=key, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, KEEL_DEV_KEY=key, PYTHONUNBUFFERED="1", KEEL_LOG_LEVEL="INFO")
     # SQLite under data_dir, whatever the surrounding environment points at.
     env.pop("KEEL_DATABASE_URL", None)
     keel = Path(sys.executable).with_name("keel")
-    child = ChildProcess(
-        [str(keel), "up", "--data-dir", str(data_dir), "--http-port", str(port)], env=env
-    )
+    args = [str(keel), "up", "--data-dir", str(data_dir), "--http-port", str(port)]
+    child = ChildProcess([*args, "--processes"] if processes else args, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         child.wait_for_line(lambda line: f"{base}/" in line, timeout=60)
-        yield base
+        kernel = ""
+        if not processes:
+            line = child.wait_for_line(lambda text: bool(_KERNEL_PORT.search(text)), timeout=5)
+            match = _KERNEL_PORT.search(line)
+            assert match is not None
+            kernel = f"127.0.0.1:{match.group(1)}"
+        yield KeelUp(base, child, kernel)
     finally:
         try:
             child.terminate(timeout=30)
         except Exception:
             child.kill()
             raise
+
+
+@contextlib.contextmanager
+def keel_up(data_dir: Path, key: str = KEY) -> Iterator[str]:
+    """`keel up` as a real child process; yields its base URL once it is serving."""
+    with keel_up_process(data_dir, key) as up:
+        yield up.base_url
+
+
+async def use_quick_compaction(kernel_target: str) -> int:
+    """Sets tenant "default"'s loadout to one that compacts after a few turns."""
+    async with KernelClient(kernel_target, Settings()) as kernel:
+        return await kernel.put_loadout("default", QUICK_COMPACTION_LOADOUT)
+
+
+async def talk_until_compacted(
+    http: httpx.AsyncClient, session_id: str, texts: list[str], deadline_s: float = 90
+) -> list[dict[str, Any]]:
+    """Sends each text once the previous one is answered, until the session
+    holds a compaction and an answer after it; returns its facts."""
+    path = f"/v1/sessions/{session_id}"
+    async with asyncio.timeout(deadline_s):
+        for text in texts:
+            posted = await http.post(
+                f"{path}/inputs", json={"text": text, "requestId": uuid.uuid4().hex}
+            )
+            assert posted.status_code == 202, posted.text
+            seq = posted.json()["seq"]
+            while True:
+                page = (await http.get(f"{path}/events?format=json&limit=1000")).json()
+                facts: list[dict[str, Any]] = page["facts"]
+                compacted = [f["seq"] for f in facts if f["kind"] == "compaction"]
+                if compacted and any(
+                    f["kind"] == "assistant" and f["seq"] > compacted[0] for f in facts
+                ):
+                    return facts
+                if any(
+                    f["kind"] == "assistant" and seq in f["data"].get("inputSeqs", [])
+                    for f in facts
+                ):
+                    break
+                await asyncio.sleep(0.1)
+    raise AssertionError(f"no compaction after {len(texts)} turns")
+
+
+def screenshot_path(name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS / name
 
 
 def require_chromium() -> None:
@@ -91,8 +175,9 @@ def base_url(tmp_path: Path) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
+@contextlib.asynccontextmanager
+async def launched_browser() -> AsyncIterator[Browser]:
+    """The system's Chromium, headless, through playwright."""
     require_chromium()
     async with async_playwright() as playwright:
         launched = await playwright.chromium.launch(
@@ -102,6 +187,12 @@ async def browser() -> AsyncIterator[Browser]:
             yield launched
         finally:
             await launched.close()
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with launched_browser() as launched:
+        yield launched
 
 
 async def transcript_counts(page: Page) -> dict[str, int]:
@@ -202,6 +293,82 @@ async def test_reload_mid_stream_shows_one_answer(base_url: str, browser: Browse
     await page.reload()
     await assert_one_exchange(page)
 
-    await page.screenshot(path=str(SCREENSHOT))
+    await page.screenshot(path=str(screenshot_path("chat-after-reload.png")))
     assert page_errors == []
     assert foreign == []
+
+
+async def test_the_page_says_compacting_while_a_compaction_runs(
+    tmp_path: Path, browser: Browser
+) -> None:
+    require_chromium()
+    with keel_up_process(tmp_path / "data") as up:
+        await use_quick_compaction(up.kernel_target)
+        async with httpx.AsyncClient(
+            base_url=up.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30
+        ) as http:
+            session_id = (await http.post("/v1/sessions", json={})).json()["id"]
+            page = await browser.new_page(viewport={"width": 1280, "height": 800})
+            page_errors: list[str] = []
+            page.on("pageerror", lambda error: page_errors.append(str(error)))
+            await page.goto(f"{up.base_url}/#key={KEY}&session={session_id}")
+            await expect(page.locator('#transcript [data-kind="session_created"]')).to_have_count(1)
+
+            # The first message ends up in the first summary, which then
+            # streams for 3 s: long enough for the page to show it.
+            texts = ["/slowsummary 3 remember the lighthouse", *["/long 300"] * 16]
+            talking = asyncio.create_task(talk_until_compacted(http, session_id, texts))
+            compacting = page.locator('#status[data-state="compacting"]')
+            shown = asyncio.create_task(
+                expect(compacting).to_contain_text("compacting", timeout=90_000)
+            )
+            try:
+                # A conversation that fails before the compaction must say why.
+                await asyncio.wait({talking, shown}, return_when=asyncio.FIRST_COMPLETED)
+                if talking.done() and talking.exception() is not None:
+                    raise talking.exception()  # type: ignore[misc]
+                await shown
+                await page.screenshot(path=str(screenshot_path("chat-compacting.png")))
+                facts = await talking
+            finally:
+                for task in (talking, shown):
+                    task.cancel()
+                await asyncio.gather(talking, shown, return_exceptions=True)
+
+            # The compaction is a maintenance fact in the chat, and the
+            # inspector marks what it summarized and where it kept from.
+            compaction = next(f for f in facts if f["kind"] == "compaction")
+            first, last = compaction["data"]["summarized"]
+            await expect(page.locator('#transcript [data-kind="compaction"]')).to_have_count(
+                1, timeout=WAIT_MS
+            )
+            await page.click("#views button[data-view='inspector']")
+            inspector = page.locator("#inspector")
+            await expect(inspector.locator('.tl-row[data-kind="compaction"]')).to_contain_text(
+                f"summarized #{first}\u2013#{last}"  # an en dash, as on the page
+            )
+            summarized = inspector.locator(".tl-row.summarized")
+            assert await summarized.count() >= 1
+            seqs = await summarized.evaluate_all("els => els.map(el => Number(el.dataset.seq))")
+            assert min(seqs) == first and max(seqs) <= last, seqs
+            kinds = await summarized.evaluate_all("els => els.map(el => el.dataset.kind)")
+            assert set(kinds) <= {"input", "assistant", "tool_result"}, kinds
+            kept = inspector.locator(f'.tl-row[data-seq="{compaction["data"]["firstKept"]}"]')
+            await expect(kept).to_contain_text(f"first kept by #{compaction['seq']}")
+            await kept.scroll_into_view_if_needed()
+            await expect(kept).to_be_visible()
+            # The answer after the compaction was built from its summary.
+            after = next(
+                f for f in facts if f["kind"] == "assistant" and f["seq"] > compaction["seq"]
+            )
+            await inspector.locator(f'.tl-row[data-seq="{after["seq"]}"] .saw').click()
+            panel = inspector.locator(".context-panel")
+            await expect(panel.locator(".chips")).to_contain_text(
+                f"compaction #{compaction['seq']}", timeout=WAIT_MS
+            )
+            await expect(panel.locator(".ctx-summary")).to_have_count(1)
+            await expect(panel.locator(".ctx-summary")).to_contain_text(
+                "compacted into the following summary"
+            )
+            await page.screenshot(path=str(screenshot_path("inspector-compaction.png")))
+            assert page_errors == []
