@@ -399,7 +399,10 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
             compaction_seq=max((f.seq for f in upto if f.kind == COMPACTION), default=0),
             estimated_tokens=estimate,
             loadout_revision=loadout.revision,
-            watermark=watermark or 0,
+            # Not answered yet: the next request reads every input up to here.
+            watermark=max((f.seq for f in upto if f.kind == INPUT), default=0)
+            if watermark is None
+            else watermark,
         )
 
     # -- helpers --

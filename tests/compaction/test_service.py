@@ -351,10 +351,13 @@ async def test_context_of_an_answer_is_what_its_attempt_was_shown(stack: Stack) 
 
     await stack.cluster.kernel.put_loadout(TENANT, {**LOADOUT, "systemPrompt": "Be new."})
     assert await stack.client.get_context("pinned", result_seq) == shown
-    # What a request built now would show: today's loadout, every input.
+    # What a request built now would show: today's loadout, every input (the
+    # watermark says so: the latest input).
     now = await stack.client.get_context("pinned")
     assert now.system_prompt == "Be new." and now.loadout_revision > pinned
-    assert now.watermark == 0 and texts(now.messages)[-1] == "arrived mid-attempt"
+    assert texts(now.messages)[-1] == "arrived mid-attempt"
+    facts = await stack.cluster.ledger.read_all("pinned")
+    assert now.watermark == max(f.seq for f in facts if f.kind == "input")
 
 
 async def test_context_pinned_before_any_loadout_shows_the_default_one(stack: Stack) -> None:
