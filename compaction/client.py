@@ -9,21 +9,16 @@ never inspect status codes. An unreachable service raises
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-import grpc
+from typing import Any
 
 from compaction.errors import CompactionError
 from keel.compaction.v1 import compaction_pb2 as pb
 from keel.compaction.v1 import compaction_pb2_grpc as pb_grpc
 from services.common.config import Settings
-from services.common.errors import error_from_rpc, reasons_of
+from services.common.rpc import unary
 from services.common.serving import open_channel
-
-_REASONS = reasons_of(CompactionError)
-R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,16 +92,9 @@ class CompactionClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    @staticmethod
-    async def _call(call: Callable[[], Awaitable[R]]) -> R:
-        try:
-            return await call()
-        except grpc.aio.AioRpcError as err:
-            raise error_from_rpc(err, CompactionError, _REASONS) from None
-
     async def plan(self, session_id: str) -> CompactionPlan:
         request = pb.PlanRequest(session_id=session_id)
-        response = await self._call(lambda: self._stub.Plan(request))
+        response = await unary(self._stub.Plan(request), CompactionError)
         return CompactionPlan(
             should_compact=response.should_compact,
             can_compact=response.can_compact,
@@ -127,7 +115,7 @@ class CompactionClient:
         request = pb.CompactRequest(
             session_id=session_id, epoch=epoch, reason=reason, instructions=instructions
         )
-        response = await self._call(lambda: self._stub.Compact(request))
+        response = await unary(self._stub.Compact(request), CompactionError)
         return CompactResult(
             compacted=response.compacted,
             seq=response.seq,
@@ -140,7 +128,7 @@ class CompactionClient:
     async def get_context(self, session_id: str, at_seq: int = 0) -> SessionContext:
         """What a request built at `at_seq` presented (0 = the head)."""
         request = pb.GetContextRequest(session_id=session_id, at_seq=at_seq)
-        response = await self._call(lambda: self._stub.GetContext(request))
+        response = await unary(self._stub.GetContext(request), CompactionError)
         return SessionContext(
             system_prompt=response.system_prompt,
             messages=tuple(json.loads(response.messages_json or "[]")),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import defaultdict
 from collections.abc import AsyncIterator, Collection
 from typing import Any
@@ -16,7 +15,7 @@ from services.common.config import Settings
 from services.common.errors import stream_errors, unary_errors
 from services.common.serving import GrpcService
 from services.ledger import facts as F
-from services.ledger.domain import SessionView
+from services.ledger.codec import fact_to_pb, view_to_pb
 from services.ledger.errors import InvalidFact, SessionNotFound
 from services.ledger.store import LedgerStore
 
@@ -65,36 +64,6 @@ class SessionWaker:
 
     def wake_all(self) -> None:
         self._wake(("*",))
-
-
-def fact_to_pb(fact: F.CommittedFact) -> pb.Fact:
-    return pb.Fact(
-        session_id=fact.session_id,
-        seq=fact.seq,
-        kind=fact.kind,
-        data_json=json.dumps(fact.data, ensure_ascii=False, separators=(",", ":")),
-        timestamp_ms=fact.timestamp_ms,
-        epoch=fact.epoch,
-    )
-
-
-def view_to_pb(view: SessionView) -> pb.GetSessionResponse:
-    return pb.GetSessionResponse(
-        session_id=view.session_id,
-        tenant_id=view.tenant_id,
-        head_seq=view.head_seq,
-        fence_epoch=view.fence_epoch,
-        owed_input_seqs=list(view.owed_input_seqs),
-        open_tool_calls=[
-            pb.ToolCallRef(tool_call_id=c.tool_call_id, name=c.name, assistant_seq=c.assistant_seq)
-            for c in view.open_tool_calls
-        ],
-        latest_compaction_seq=view.latest_compaction_seq,
-        read_watermark=view.read_watermark,
-        parked=view.parked,
-        latest_cancel_seq=view.latest_cancel_seq,
-        context_head_seq=view.context_head_seq,
-    )
 
 
 class LedgerServicer(pb_grpc.LedgerServiceServicer):

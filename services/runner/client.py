@@ -5,28 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-import grpc
-
 from keel.runner.v1 import runner_pb2 as pb
 from keel.runner.v1 import runner_pb2_grpc as pb_grpc
 from services.common.config import Settings
-from services.common.errors import error_from_rpc, reasons_of
+from services.common.rpc import streaming, unary
 from services.common.serving import open_channel
+from services.runner.codec import DRAIN_MODE_FROM_PB, DRAIN_MODE_TO_PB, watch_event_from_pb
 from services.runner.errors import RunnerError
-from services.runner.hub import Partial, ReplayEnd, StatusChange, WatchEvent
-
-_REASONS = reasons_of(RunnerError)
-_STATES = {
-    pb.SESSION_STATE_IDLE: "idle",
-    pb.SESSION_STATE_RUNNING: "running",
-    pb.SESSION_STATE_COMPACTING: "compacting",
-}
-_MODES = {"handoff": pb.DRAIN_MODE_HANDOFF, "shutdown": pb.DRAIN_MODE_SHUTDOWN}
-_MODE_NAMES = {
-    pb.DRAIN_MODE_NONE: "none",
-    pb.DRAIN_MODE_HANDOFF: "handoff",
-    pb.DRAIN_MODE_SHUTDOWN: "shutdown",
-}
+from services.runner.hub import WatchEvent
 
 
 @dataclass(frozen=True)
@@ -61,53 +47,24 @@ class RunnerClient:
         after it ended."""
         request = pb.WatchSessionRequest(session_id=session_id, epoch=epoch, attempt_id=attempt_id)
         call = self._stub.WatchSession(request)
-        try:
-            async for message in call:
-                kind = message.WhichOneof("event")
-                if kind == "delta":
-                    yield _partial(message.delta)
-                elif kind == "status":
-                    state = _STATES.get(message.status.state, "idle")
-                    yield StatusChange(state, message.status.epoch)  # type: ignore[arg-type]
-                elif kind == "replay_end":
-                    yield ReplayEnd(message.replay_end.partials)
-        except grpc.aio.AioRpcError as err:
-            raise error_from_rpc(err, RunnerError, _REASONS) from None
-        finally:
-            call.cancel()
+        async for message in streaming(call, RunnerError):
+            event = watch_event_from_pb(message)
+            if event is not None:
+                yield event
 
     async def drain(self, mode: str, deadline_ms: int = 30_000) -> int:
-        if mode not in _MODES:
+        if mode not in ("handoff", "shutdown"):
             raise ValueError(f"mode must be handoff or shutdown, got {mode!r}")
-        try:
-            response = await self._stub.Drain(
-                pb.DrainRequest(mode=_MODES[mode], deadline_ms=deadline_ms)
-            )
-        except grpc.aio.AioRpcError as err:
-            raise error_from_rpc(err, RunnerError, _REASONS) from None
+        request = pb.DrainRequest(mode=DRAIN_MODE_TO_PB[mode], deadline_ms=deadline_ms)
+        response = await unary(self._stub.Drain(request), RunnerError)
         return response.in_flight_runs
 
     async def status(self) -> RunnerStatus:
-        try:
-            response = await self._stub.Status(pb.StatusRequest())
-        except grpc.aio.AioRpcError as err:
-            raise error_from_rpc(err, RunnerError, _REASONS) from None
+        response = await unary(self._stub.Status(pb.StatusRequest()), RunnerError)
         return RunnerStatus(
             runtime_id=response.runtime_id,
-            drain_mode=_MODE_NAMES.get(response.drain_mode, "none"),
+            drain_mode=DRAIN_MODE_FROM_PB.get(response.drain_mode, "none"),
             claiming=response.claiming,
             in_flight_runs=response.in_flight_runs,
             session_ids=tuple(response.session_ids),
         )
-
-
-def _partial(delta: pb.Delta) -> Partial:
-    return Partial(
-        generation_id=delta.generation_id,
-        channel=delta.channel,  # type: ignore[arg-type]
-        text=delta.text,
-        epoch=delta.epoch,
-        attempt_id=delta.attempt_id,
-        tool_call_id=delta.tool_call_id,
-        tool_name=delta.tool_name,
-    )

@@ -15,21 +15,9 @@ from keel.runner.v1 import runner_pb2 as pb
 from keel.runner.v1 import runner_pb2_grpc as pb_grpc
 from services.common.errors import stream_errors, unary_errors
 from services.common.serving import GrpcService
+from services.runner.codec import DRAIN_MODE_FROM_PB, DRAIN_MODE_TO_PB, watch_event_to_pb
 from services.runner.errors import InvalidDrain, SessionNotOwned
-from services.runner.hub import Partial, StatusChange
-from services.runner.runtime import DRAIN_HANDOFF, DRAIN_NONE, DRAIN_SHUTDOWN, Runtime
-
-_STATES = {
-    "idle": pb.SESSION_STATE_IDLE,
-    "running": pb.SESSION_STATE_RUNNING,
-    "compacting": pb.SESSION_STATE_COMPACTING,
-}
-_DRAIN_TO_PB = {
-    DRAIN_NONE: pb.DRAIN_MODE_NONE,
-    DRAIN_HANDOFF: pb.DRAIN_MODE_HANDOFF,
-    DRAIN_SHUTDOWN: pb.DRAIN_MODE_SHUTDOWN,
-}
-_DRAIN_FROM_PB = {v: k for k, v in _DRAIN_TO_PB.items() if k != DRAIN_NONE}
+from services.runner.runtime import DRAIN_NONE, Runtime
 
 
 class RunnerServicer(pb_grpc.RunnerServiceServicer):
@@ -48,29 +36,12 @@ class RunnerServicer(pb_grpc.RunnerServiceServicer):
                 f"runtime {self._runtime.runtime_id} does not own{named} {session_id!r}"
             )
         async for event in hub.watch(session_id, epoch, attempt_id):
-            if isinstance(event, Partial):
-                yield pb.WatchSessionResponse(
-                    delta=pb.Delta(
-                        generation_id=event.generation_id,
-                        channel=event.channel,
-                        text=event.text,
-                        epoch=event.epoch,
-                        attempt_id=event.attempt_id,
-                        tool_call_id=event.tool_call_id,
-                        tool_name=event.tool_name,
-                    )
-                )
-            elif isinstance(event, StatusChange):
-                yield pb.WatchSessionResponse(
-                    status=pb.Status(state=_STATES[event.state], epoch=event.epoch)
-                )
-            else:
-                yield pb.WatchSessionResponse(replay_end=pb.ReplayEnd(partials=event.partials))
+            yield watch_event_to_pb(event)
 
     @unary_errors
     async def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainResponse:
-        mode = _DRAIN_FROM_PB.get(request.mode)
-        if mode is None:
+        mode = DRAIN_MODE_FROM_PB.get(request.mode)
+        if mode is None or mode == DRAIN_NONE:
             raise InvalidDrain("mode must be DRAIN_MODE_HANDOFF or DRAIN_MODE_SHUTDOWN")
         if request.deadline_ms < 0:
             raise InvalidDrain(f"deadline_ms must be >= 0, got {request.deadline_ms}")
@@ -82,7 +53,7 @@ class RunnerServicer(pb_grpc.RunnerServiceServicer):
         runtime = self._runtime
         return pb.StatusResponse(
             runtime_id=runtime.runtime_id,
-            drain_mode=_DRAIN_TO_PB[runtime.drain_mode],
+            drain_mode=DRAIN_MODE_TO_PB[runtime.drain_mode],
             claiming=runtime.claiming,
             in_flight_runs=len(runtime.in_flight),
             session_ids=sorted(runtime.in_flight),
