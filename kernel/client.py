@@ -9,28 +9,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
-
-import grpc
 
 from keel.kernel.v1 import kernel_pb2 as pb
 from keel.kernel.v1 import kernel_pb2_grpc as pb_grpc
+from kernel.codec import (
+    DRAIN_TO_PB,
+    api_key_from_pb,
+    handoff_from_pb,
+    lease_from_pb,
+    revocation_from_pb,
+    runtime_from_pb,
+    tenant_from_pb,
+)
 from kernel.domain import DrainMode, FinishResult, Lease, LeaseInfo
 from kernel.errors import InvalidArgument, KernelError, UnknownRuntime
 from kernel.registry import HandoffInfo, RuntimeInfo
-from kernel.tenancy import ApiKeyGrant, Loadout
+from kernel.tenancy import ApiKeyGrant, ApiKeyInfo, Loadout, Revocation, TenantInfo
 from services.common.config import Settings
-from services.common.errors import KeelError, error_from_rpc, reasons_of
+from services.common.errors import KeelError
+from services.common.rpc import streaming, unary
 from services.common.serving import open_channel
 
-_REASONS = reasons_of(KernelError)
-_DRAIN_TO_PB = {
-    DrainMode.NONE: pb.DRAIN_MODE_NONE,
-    DrainMode.HANDOFF: pb.DRAIN_MODE_HANDOFF,
-    DrainMode.SHUTDOWN: pb.DRAIN_MODE_SHUTDOWN,
-}
-_DRAIN_FROM_PB = {value: mode.value for mode, value in _DRAIN_TO_PB.items()}
 # Extra time a long-polling claim gets beyond its wait before it is abandoned.
 _CLAIM_GRACE_S = 30.0
 # Re-attach delays after a broken stream: quick at first, then at most 2 s.
@@ -38,26 +39,6 @@ _REATTACH_FIRST_S = 0.05
 _REATTACH_MAX_S = 2.0
 
 R = TypeVar("R")
-
-
-def _lease(message: pb.Lease) -> Lease:
-    return Lease(
-        session_id=message.session_id,
-        tenant_id=message.tenant_id,
-        runtime_id=message.runtime_id,
-        attempt_id=message.attempt_id,
-        epoch=message.epoch,
-        expires_at_ms=message.expires_at_ms,
-        reclaimed=message.reclaimed,
-        failures=message.failures,
-    )
-
-
-async def _call(call: Callable[[], Awaitable[R]]) -> R:
-    try:
-        return await call()
-    except grpc.aio.AioRpcError as err:
-        raise error_from_rpc(err, KernelError, _REASONS) from None
 
 
 class Attachment:
@@ -112,11 +93,10 @@ class Attachment:
         while True:
             call = self._stub.Attach(pb.AttachRequest(runtime_id=self.runtime_id))
             try:
-                async for _ in call:
+                async for _ in streaming(call, KernelError):
                     self._connected.set()
                     delay = _REATTACH_FIRST_S
-            except grpc.aio.AioRpcError as err:
-                error = error_from_rpc(err, KernelError, _REASONS)
+            except KeelError as error:
                 if isinstance(error, UnknownRuntime) and self._reregister is not None:
                     with contextlib.suppress(KeelError):
                         await self._reregister()
@@ -125,7 +105,6 @@ class Attachment:
                     return
             finally:
                 self._connected.clear()
-                call.cancel()
             await asyncio.sleep(delay)
             delay = min(delay * 2, _REATTACH_MAX_S)
 
@@ -186,7 +165,7 @@ class KernelClient:
             version=version,
             role=role,
         )
-        response = await _call(lambda: self._stub.RegisterRuntime(request))
+        response = await unary(self._stub.RegisterRuntime(request), KernelError)
         return response.lease_ttl_ms
 
     def attach(
@@ -204,13 +183,13 @@ class KernelClient:
     async def set_drain(self, runtime_id: str, mode: str) -> None:
         """mode: "none", "handoff" or "shutdown"."""
         try:
-            value = _DRAIN_TO_PB[DrainMode(mode)]
+            value = DRAIN_TO_PB[DrainMode(mode)]
         except ValueError:
             raise InvalidArgument(
                 f"drain mode must be none, handoff or shutdown, got {mode!r}", field="mode"
             ) from None
         request = pb.SetDrainRequest(runtime_id=runtime_id, mode=value)
-        await _call(lambda: self._stub.SetDrain(request))
+        await unary(self._stub.SetDrain(request), KernelError)
 
     async def record_handoff(
         self,
@@ -230,46 +209,18 @@ class KernelClient:
             session_id=session_id,
             epoch=epoch,
         )
-        response = await _call(lambda: self._stub.RecordHandoff(request))
+        response = await unary(self._stub.RecordHandoff(request), KernelError)
         return response.handoff_id
 
     async def list_runtimes(self) -> list[RuntimeInfo]:
-        response = await _call(lambda: self._stub.ListRuntimes(pb.ListRuntimesRequest()))
-        return [
-            RuntimeInfo(
-                runtime_id=r.runtime_id,
-                address=r.address,
-                host=r.host,
-                pid=r.pid,
-                loadout_revision=r.loadout_revision,
-                version=r.version,
-                role=r.role,
-                drain_mode=_DRAIN_FROM_PB.get(r.drain_mode, DrainMode.NONE.value),
-                attached=r.attached,
-                session_ids=tuple(r.session_ids),
-                started_at_ms=r.started_at_ms,
-                session_tenant_ids=tuple(r.session_tenant_ids),
-            )
-            for r in response.runtimes
-        ]
+        response = await unary(self._stub.ListRuntimes(pb.ListRuntimesRequest()), KernelError)
+        return [runtime_from_pb(r) for r in response.runtimes]
 
     async def list_handoffs(self, limit: int = 100) -> list[HandoffInfo]:
         """The newest handoffs first."""
         request = pb.ListHandoffsRequest(limit=limit)
-        response = await _call(lambda: self._stub.ListHandoffs(request))
-        return [
-            HandoffInfo(
-                handoff_id=h.handoff_id,
-                old_runtime_id=h.old_runtime_id,
-                new_runtime_id=h.new_runtime_id,
-                loadout_revision=h.loadout_revision,
-                in_flight=h.in_flight,
-                session_id=h.session_id,
-                epoch=h.epoch,
-                at_ms=h.at_ms,
-            )
-            for h in response.handoffs
-        ]
+        response = await unary(self._stub.ListHandoffs(request), KernelError)
+        return [handoff_from_pb(h) for h in response.handoffs]
 
     # -- leases --
 
@@ -277,18 +228,18 @@ class KernelClient:
         """A lease on a runnable session, or None if none came within wait_ms."""
         request = pb.ClaimRequest(runtime_id=runtime_id, wait_ms=wait_ms)
         timeout = max(wait_ms, 0) / 1000 + _CLAIM_GRACE_S
-        response = await _call(lambda: self._stub.Claim(request, timeout=timeout))
-        return _lease(response.lease) if response.HasField("lease") else None
+        response = await unary(self._stub.Claim(request, timeout=timeout), KernelError)
+        return lease_from_pb(response.lease) if response.HasField("lease") else None
 
     async def renew(self, session_id: str, epoch: int, runtime_id: str) -> int:
         """Extends the lease; returns the new expires_at_ms."""
         request = pb.RenewRequest(session_id=session_id, epoch=epoch, runtime_id=runtime_id)
-        response = await _call(lambda: self._stub.Renew(request))
+        response = await unary(self._stub.Renew(request), KernelError)
         return response.expires_at_ms
 
     async def release(self, session_id: str, epoch: int, runtime_id: str) -> None:
         request = pb.ReleaseRequest(session_id=session_id, epoch=epoch, runtime_id=runtime_id)
-        await _call(lambda: self._stub.Release(request))
+        await unary(self._stub.Release(request), KernelError)
 
     async def finish(
         self,
@@ -308,7 +259,7 @@ class KernelClient:
             outcome=pb.FINISH_OUTCOME_FAILED if failed else pb.FINISH_OUTCOME_DONE,
             error=error,
         )
-        response = await _call(lambda: self._stub.Finish(request))
+        response = await unary(self._stub.Finish(request), KernelError)
         return FinishResult(
             requeued=response.requeued,
             parked=response.parked,
@@ -321,13 +272,13 @@ class KernelClient:
         request = pb.EnqueueRequest(
             session_id=session_id, tenant_id=tenant_id, input_seq=input_seq, unpark=unpark
         )
-        await _call(lambda: self._stub.Enqueue(request))
+        await unary(self._stub.Enqueue(request), KernelError)
 
     async def get_lease(self, session_id: str) -> LeaseInfo:
         request = pb.GetLeaseRequest(session_id=session_id)
-        response = await _call(lambda: self._stub.GetLease(request))
+        response = await unary(self._stub.GetLease(request), KernelError)
         return LeaseInfo(
-            lease=_lease(response.lease) if response.HasField("lease") else None,
+            lease=lease_from_pb(response.lease) if response.HasField("lease") else None,
             queued=response.queued,
             parked=response.parked,
         )
@@ -337,7 +288,7 @@ class KernelClient:
     async def create_tenant(self, tenant_id: str, name: str = "") -> bool:
         """True if created, False if it already existed."""
         request = pb.CreateTenantRequest(tenant_id=tenant_id, name=name)
-        response = await _call(lambda: self._stub.CreateTenant(request))
+        response = await unary(self._stub.CreateTenant(request), KernelError)
         return response.created
 
     async def create_api_key(
@@ -347,25 +298,55 @@ class KernelClient:
         request = pb.CreateApiKeyRequest(
             tenant_id=tenant_id, key=key, admin=admin, operator=operator
         )
-        response = await _call(lambda: self._stub.CreateApiKey(request))
+        response = await unary(self._stub.CreateApiKey(request), KernelError)
         return response.key, response.key_id
 
     async def authenticate(self, key: str) -> ApiKeyGrant:
         """What an API key may do (tenant, admin, operator); raises InvalidApiKey."""
         request = pb.AuthenticateRequest(key=key)
-        response = await _call(lambda: self._stub.Authenticate(request))
+        response = await unary(self._stub.Authenticate(request), KernelError)
         return ApiKeyGrant(response.tenant_id, response.admin, response.operator)
 
-    async def put_loadout(self, tenant_id: str, document: dict[str, Any]) -> int:
-        """Stores a new loadout revision; returns it (1, 2, 3 …)."""
+    async def list_tenants(self) -> list[TenantInfo]:
+        response = await unary(self._stub.ListTenants(pb.ListTenantsRequest()), KernelError)
+        return [tenant_from_pb(t) for t in response.tenants]
+
+    async def list_api_keys(self, tenant_id: str = "") -> list[ApiKeyInfo]:
+        """A tenant's keys ("" = every tenant's): ids and rights, never the keys."""
+        request = pb.ListApiKeysRequest(tenant_id=tenant_id)
+        response = await unary(self._stub.ListApiKeys(request), KernelError)
+        return [api_key_from_pb(k) for k in response.keys]
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        """True if this revoked the key, False if it already was; raises
+        ApiKeyNotFound for an unknown id."""
+        request = pb.RevokeApiKeyRequest(key_id=key_id)
+        response = await unary(self._stub.RevokeApiKey(request), KernelError)
+        return response.revoked
+
+    async def watch_revocations(self, after_id: int = 0) -> AsyncIterator[Revocation]:
+        """Revocations after `after_id`, then new ones as they are made; ends
+        (or raises ServiceUnavailable) when the kernel goes away."""
+        call = self._stub.WatchRevocations(pb.WatchRevocationsRequest(after_id=after_id))
+        async for message in streaming(call, KernelError):
+            yield revocation_from_pb(message)
+
+    async def put_loadout(
+        self, tenant_id: str, document: dict[str, Any], expected_revision: int = 0
+    ) -> int:
+        """Stores a new loadout revision; returns it (1, 2, 3 …). With
+        `expected_revision`, only if that is still the latest (else
+        RevisionMismatch)."""
         request = pb.PutLoadoutRequest(
-            tenant_id=tenant_id, document_json=json.dumps(document, ensure_ascii=False)
+            tenant_id=tenant_id,
+            document_json=json.dumps(document, ensure_ascii=False),
+            expected_revision=expected_revision,
         )
-        response = await _call(lambda: self._stub.PutLoadout(request))
+        response = await unary(self._stub.PutLoadout(request), KernelError)
         return response.revision
 
     async def get_loadout(self, tenant_id: str, revision: int = 0) -> Loadout:
         """Revision 0 = latest (revision 0 and the default document if none)."""
         request = pb.GetLoadoutRequest(tenant_id=tenant_id, revision=revision)
-        response = await _call(lambda: self._stub.GetLoadout(request))
+        response = await unary(self._stub.GetLoadout(request), KernelError)
         return Loadout(response.tenant_id, response.revision, json.loads(response.document_json))

@@ -18,11 +18,21 @@ import grpc
 
 from keel.kernel.v1 import kernel_pb2 as pb
 from keel.kernel.v1 import kernel_pb2_grpc as pb_grpc
+from kernel.codec import (
+    DRAIN_FROM_PB,
+    api_key_to_pb,
+    handoff_to_pb,
+    lease_to_pb,
+    revocation_to_pb,
+    runtime_to_pb,
+    tenant_to_pb,
+)
 from kernel.config import KernelConfig
 from kernel.domain import DrainMode, Lease, check_id
 from kernel.errors import InvalidArgument
 from kernel.expiry import Attachments
 from kernel.registry import Registration, RegistryStore
+from kernel.revocations import RevocationFeed
 from kernel.store import LeaseStore
 from kernel.tenancy import TenantStore, parse_document
 from kernel.waker import ClaimWaker
@@ -36,26 +46,6 @@ Context = grpc.aio.ServicerContext[Any, Any]
 MAX_WAIT_MS = 300_000
 MAX_TEXT = 4096
 MAX_HANDOFFS = 1000
-
-DRAIN_FROM_PB = {
-    pb.DRAIN_MODE_NONE: DrainMode.NONE,
-    pb.DRAIN_MODE_HANDOFF: DrainMode.HANDOFF,
-    pb.DRAIN_MODE_SHUTDOWN: DrainMode.SHUTDOWN,
-}
-DRAIN_TO_PB = {mode: value for value, mode in DRAIN_FROM_PB.items()}
-
-
-def lease_to_pb(lease: Lease) -> pb.Lease:
-    return pb.Lease(
-        session_id=lease.session_id,
-        tenant_id=lease.tenant_id,
-        runtime_id=lease.runtime_id,
-        attempt_id=lease.attempt_id,
-        epoch=lease.epoch,
-        expires_at_ms=lease.expires_at_ms,
-        reclaimed=lease.reclaimed,
-        failures=lease.failures,
-    )
 
 
 def _epoch(value: int) -> int:
@@ -96,6 +86,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         self._attachments = attachments
         self._waker = waker
         self._recheck_s = config.recheck_ms / 1000
+        self._revocations = RevocationFeed(tenants)
         # Releases of leases whose claimer went away (see _claim_once).
         self._handing_back: set[asyncio.Future[None]] = set()
 
@@ -103,8 +94,11 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         self._attachments.drain()
         # Waiting claims give up at once rather than holding the shutdown.
         self._waker.wake()
+        # Edges watching revocations reconnect to another replica.
+        await self._revocations.close()
 
     async def close(self) -> None:
+        await self._revocations.close()
         if self._handing_back:
             await asyncio.gather(*self._handing_back, return_exceptions=True)
 
@@ -165,25 +159,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         self, request: pb.ListRuntimesRequest, context: Context
     ) -> pb.ListRuntimesResponse:
         runtimes = await asyncio.to_thread(self._registry.list_runtimes, self._leases.held_by)
-        return pb.ListRuntimesResponse(
-            runtimes=[
-                pb.Runtime(
-                    runtime_id=r.runtime_id,
-                    address=r.address,
-                    host=r.host,
-                    pid=r.pid,
-                    loadout_revision=r.loadout_revision,
-                    version=r.version,
-                    role=r.role,
-                    drain_mode=DRAIN_TO_PB.get(DrainMode(r.drain_mode), pb.DRAIN_MODE_UNSPECIFIED),
-                    attached=r.attached,
-                    session_ids=list(r.session_ids),
-                    started_at_ms=r.started_at_ms,
-                    session_tenant_ids=list(r.session_tenant_ids),
-                )
-                for r in runtimes
-            ]
-        )
+        return pb.ListRuntimesResponse(runtimes=[runtime_to_pb(r) for r in runtimes])
 
     @unary_errors
     async def ListHandoffs(
@@ -191,21 +167,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
     ) -> pb.ListHandoffsResponse:
         limit = _non_negative(request.limit, "limit") or 100
         handoffs = await asyncio.to_thread(self._registry.list_handoffs, min(limit, MAX_HANDOFFS))
-        return pb.ListHandoffsResponse(
-            handoffs=[
-                pb.Handoff(
-                    handoff_id=h.handoff_id,
-                    old_runtime_id=h.old_runtime_id,
-                    new_runtime_id=h.new_runtime_id,
-                    loadout_revision=h.loadout_revision,
-                    in_flight=h.in_flight,
-                    session_id=h.session_id,
-                    epoch=h.epoch,
-                    at_ms=h.at_ms,
-                )
-                for h in handoffs
-            ]
-        )
+        return pb.ListHandoffsResponse(handoffs=[handoff_to_pb(h) for h in handoffs])
 
     # -- leases --
 
@@ -355,7 +317,8 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
     ) -> pb.PutLoadoutResponse:
         tenant_id = check_id(request.tenant_id, "tenant_id")
         document = parse_document(request.document_json)
-        revision = await asyncio.to_thread(self._tenants.put_loadout, tenant_id, document)
+        expected = _non_negative(request.expected_revision, "expected_revision")
+        revision = await asyncio.to_thread(self._tenants.put_loadout, tenant_id, document, expected)
         # A raised admission limit may let waiting sessions run now.
         self._waker.wake()
         return pb.PutLoadoutResponse(revision=revision)
@@ -372,6 +335,40 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
             revision=loadout.revision,
             document_json=json.dumps(loadout.document, ensure_ascii=False),
         )
+
+    @unary_errors
+    async def ListTenants(
+        self, request: pb.ListTenantsRequest, context: Context
+    ) -> pb.ListTenantsResponse:
+        tenants = await asyncio.to_thread(self._tenants.list_tenants)
+        return pb.ListTenantsResponse(tenants=[tenant_to_pb(t) for t in tenants])
+
+    @unary_errors
+    async def ListApiKeys(
+        self, request: pb.ListApiKeysRequest, context: Context
+    ) -> pb.ListApiKeysResponse:
+        keys = await asyncio.to_thread(
+            self._tenants.list_api_keys, _optional_id(request.tenant_id, "tenant_id")
+        )
+        return pb.ListApiKeysResponse(keys=[api_key_to_pb(k) for k in keys])
+
+    @unary_errors
+    async def RevokeApiKey(
+        self, request: pb.RevokeApiKeyRequest, context: Context
+    ) -> pb.RevokeApiKeyResponse:
+        key_id = check_id(request.key_id, "key_id")
+        revoked = await asyncio.to_thread(self._tenants.revoke_api_key, key_id)
+        if revoked:
+            self._revocations.notify()
+        return pb.RevokeApiKeyResponse(revoked=revoked)
+
+    @stream_errors
+    async def WatchRevocations(
+        self, request: pb.WatchRevocationsRequest, context: Context
+    ) -> AsyncIterator[pb.WatchRevocationsResponse]:
+        after_id = _non_negative(request.after_id, "after_id")
+        async for revocation in self._revocations.watch(after_id):
+            yield revocation_to_pb(revocation)
 
 
 def kernel_service(servicer: KernelServicer) -> GrpcService:
