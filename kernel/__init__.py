@@ -13,6 +13,8 @@ Public surface::
     KernelConfig               kernel knobs (KEEL_MAX_ATTEMPTS, KEEL_RECONCILE_MS…)
     Lease, LeaseInfo, FinishResult, RuntimeInfo, HandoffInfo, Loadout
     ApiKeyGrant                what an API key may do (tenant, admin, operator)
+    TenantInfo, ApiKeyInfo, Revocation   listed tenants, keys, revoked key hashes
+    validate_loadout           the loadout schema (SPEC §10; kernel.loadout)
     KernelError …              the error tree (see kernel.errors)
 
 Leases may end early: when a runtime's Attach stream breaks, its leases are
@@ -25,31 +27,38 @@ from kernel.config import KernelConfig
 from kernel.domain import DEFAULT_LOADOUT, DrainMode, FinishResult, Lease, LeaseInfo
 from kernel.errors import (
     ApiKeyExists,
+    ApiKeyNotFound,
     InvalidApiKey,
     InvalidArgument,
+    InvalidLoadout,
     KernelError,
     LeaseLost,
     LoadoutNotFound,
+    RevisionMismatch,
     SessionNotFound,
     StaleEpoch,
     UnknownRuntime,
     UnknownSession,
     UnknownTenant,
 )
+from kernel.loadout import validate_loadout
 from kernel.registry import HandoffInfo, RuntimeInfo
 from kernel.server import KernelServer, run_kernel
-from kernel.tenancy import ApiKeyGrant, Loadout
+from kernel.tenancy import ApiKeyGrant, ApiKeyInfo, Loadout, Revocation, TenantInfo
 
 __all__ = [
     "DEFAULT_LOADOUT",
     "ApiKeyExists",
     "ApiKeyGrant",
+    "ApiKeyInfo",
+    "ApiKeyNotFound",
     "Attachment",
     "DrainMode",
     "FinishResult",
     "HandoffInfo",
     "InvalidApiKey",
     "InvalidArgument",
+    "InvalidLoadout",
     "KernelClient",
     "KernelConfig",
     "KernelError",
@@ -59,11 +68,15 @@ __all__ = [
     "LeaseLost",
     "Loadout",
     "LoadoutNotFound",
+    "RevisionMismatch",
+    "Revocation",
     "RuntimeInfo",
     "SessionNotFound",
     "StaleEpoch",
+    "TenantInfo",
     "UnknownRuntime",
     "UnknownSession",
     "UnknownTenant",
     "run_kernel",
+    "validate_loadout",
 ]

@@ -104,7 +104,13 @@ CREATE TABLE IF NOT EXISTS api_keys (
     key_hash TEXT NOT NULL UNIQUE,
     admin INTEGER NOT NULL,
     created_at_ms BIGINT NOT NULL,
-    operator INTEGER NOT NULL DEFAULT 0
+    operator INTEGER NOT NULL DEFAULT 0,
+    revoked_at_ms BIGINT NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS key_revocations (
+    id {serial},
+    key_hash TEXT NOT NULL,
+    revoked_at_ms BIGINT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS loadouts (
     tenant_id TEXT NOT NULL REFERENCES tenants (tenant_id),
@@ -124,6 +130,8 @@ _ADDED_COLUMNS = (
     ("runtime_instances", "seen_at_ms", "BIGINT NOT NULL DEFAULT 0"),
     # Keys made before operator keys existed are not operators.
     ("api_keys", "operator", "INTEGER NOT NULL DEFAULT 0"),
+    # 0: not revoked. Keys made before revocation existed are all valid.
+    ("api_keys", "revoked_at_ms", "BIGINT NOT NULL DEFAULT 0"),
 )
 
 _SERIAL = {

@@ -391,7 +391,12 @@ def admits(in_use: int, max_runs: int) -> bool:
 
 
 def max_runs_of(document: dict[str, Any]) -> int:
-    value = document.get("maxConcurrentRuns", DEFAULT_MAX_RUNS)
+    # `admission.maxConcurrentRuns` (SPEC §10) wins over the older top level.
+    admission = document.get("admission")
+    nested = admission.get("maxConcurrentRuns") if isinstance(admission, dict) else None
+    value = nested if nested is not None else document.get("maxConcurrentRuns")
+    if value is None:
+        value = DEFAULT_MAX_RUNS
     # bool is an int subclass; `true` is not a count.
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgument(

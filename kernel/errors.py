@@ -2,12 +2,15 @@
 
     KernelError                UNKNOWN              KERNEL_ERROR
      ├── InvalidArgument       INVALID_ARGUMENT     INVALID_ARGUMENT
+     │    └── InvalidLoadout   INVALID_ARGUMENT     INVALID_LOADOUT
      ├── SessionNotFound       NOT_FOUND            SESSION_NOT_FOUND   (alias UnknownSession)
      ├── UnknownTenant         NOT_FOUND            UNKNOWN_TENANT
      ├── UnknownRuntime        NOT_FOUND            UNKNOWN_RUNTIME
      ├── LoadoutNotFound       NOT_FOUND            LOADOUT_NOT_FOUND
+     ├── ApiKeyNotFound        NOT_FOUND            API_KEY_NOT_FOUND
      ├── StaleEpoch            FAILED_PRECONDITION  STALE_EPOCH
      ├── LeaseLost             FAILED_PRECONDITION  LEASE_LOST
+     ├── RevisionMismatch      FAILED_PRECONDITION  REVISION_MISMATCH
      ├── ApiKeyExists          ALREADY_EXISTS       API_KEY_EXISTS
      └── InvalidApiKey         UNAUTHENTICATED      INVALID_API_KEY
 
@@ -39,6 +42,13 @@ class InvalidArgument(KernelError):
     reason = "INVALID_ARGUMENT"
 
 
+class InvalidLoadout(InvalidArgument):
+    """A loadout document the schema refuses; `field` names where (e.g.
+    "model.provider", "tools[1].transport")."""
+
+    reason = "INVALID_LOADOUT"
+
+
 class SessionNotFound(KernelError):
     """The kernel has never seen this session (it was never enqueued)."""
 
@@ -68,6 +78,13 @@ class LoadoutNotFound(KernelError):
     reason = "LOADOUT_NOT_FOUND"
 
 
+class ApiKeyNotFound(KernelError):
+    """No key has this key id (revoking one needs its id, not the key)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "API_KEY_NOT_FOUND"
+
+
 class StaleEpoch(KernelError):
     """The session was claimed again since this epoch was issued."""
 
@@ -80,6 +97,14 @@ class LeaseLost(KernelError):
 
     code = grpc.StatusCode.FAILED_PRECONDITION
     reason = "LEASE_LOST"
+
+
+class RevisionMismatch(KernelError):
+    """A put that expected another latest loadout revision (someone else
+    wrote one since the caller read it); metadata `current_revision`."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "REVISION_MISMATCH"
 
 
 class ApiKeyExists(KernelError):

@@ -10,9 +10,16 @@ its sessions in the runtime report); an operator key runs the deployment:
 it sees every tenant's sessions in the runtime report and may drain
 runtimes, which affects every tenant at once.
 
+A key is revoked, never deleted: its row keeps `revoked_at_ms` and the key
+fails `authenticate` from that commit on. Each revocation is also a row of
+`key_revocations`, whose growing id lets an edge follow them (kernel
+WatchRevocations) and drop the key from its cache at once instead of
+trusting it until the cache expires.
+
 A loadout (model, tools, prompt, compaction and admission settings) is
 versioned: every put is a new revision 1, 2, 3 … of the tenant, and old
-revisions stay readable so a runtime pinned to one can keep using it.
+revisions stay readable so a runtime pinned to one can keep using it. Its
+document is checked against the schema in kernel.loadout.
 """
 
 from __future__ import annotations
@@ -24,14 +31,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernel import admission, domain
-from kernel.database import Database, Tx
+from kernel.database import Database, Row, Tx
 from kernel.errors import (
     ApiKeyExists,
+    ApiKeyNotFound,
     InvalidApiKey,
     InvalidArgument,
     LoadoutNotFound,
+    RevisionMismatch,
     UnknownTenant,
 )
+from kernel.loadout import validate_loadout
 from kernel.store import Clock, now_ms
 
 MAX_DOCUMENT_BYTES = 256 << 10
@@ -56,6 +66,34 @@ class ApiKeyGrant:
     operator: bool = False
 
 
+@dataclass(frozen=True)
+class TenantInfo:
+    tenant_id: str
+    name: str
+    created_at_ms: int
+
+
+@dataclass(frozen=True)
+class ApiKeyInfo:
+    """A key as listed: never the key itself, which is not stored."""
+
+    key_id: str
+    tenant_id: str
+    admin: bool
+    operator: bool
+    created_at_ms: int
+    # 0 while the key is valid.
+    revoked_at_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Revocation:
+    """One revoked key, by the hash an edge caches it under."""
+
+    revocation_id: int
+    key_hash: str
+
+
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -70,7 +108,7 @@ def check_key(key: str) -> str:
 
 
 def parse_document(document_json: str) -> dict[str, Any]:
-    """A loadout document: a JSON object whose admission setting is valid."""
+    """A loadout document the schema accepts (InvalidLoadout names the field)."""
     if len(document_json.encode()) > MAX_DOCUMENT_BYTES:
         raise InvalidArgument(
             f"a loadout document must be at most {MAX_DOCUMENT_BYTES} bytes", field="document"
@@ -79,10 +117,9 @@ def parse_document(document_json: str) -> dict[str, Any]:
         document = json.loads(document_json)
     except ValueError as exc:
         raise InvalidArgument(f"the loadout is not valid JSON: {exc}", field="document") from None
-    if not isinstance(document, dict):
-        raise InvalidArgument("a loadout document must be a JSON object", field="document")
-    domain.max_runs_of(document)
-    return document
+    except RecursionError:
+        raise InvalidArgument("the loadout is nested too deeply", field="document") from None
+    return validate_loadout(document)
 
 
 class TenantStore:
@@ -121,12 +158,16 @@ class TenantStore:
         def work(tx: Tx) -> str:
             self._require_tenant(tx, tenant_id)
             existing = tx.one(
-                "SELECT key_id, tenant_id, admin, operator FROM api_keys WHERE key_hash = %s",
+                "SELECT key_id, tenant_id, admin, operator, revoked_at_ms "
+                "FROM api_keys WHERE key_hash = %s",
                 (digest,),
             )
             if existing is not None:
                 if existing[1] != tenant_id:
                     raise ApiKeyExists("this key is already registered", field="key")
+                if existing[4]:
+                    # Registering it again must not undo a revocation.
+                    raise ApiKeyExists("this key was revoked; choose another", field="key")
                 if (bool(existing[2]), bool(existing[3])) != (admin, operator):
                     tx.execute(
                         "UPDATE api_keys SET admin = %s, operator = %s WHERE key_id = %s",
@@ -150,7 +191,8 @@ class TenantStore:
             raise InvalidApiKey("missing or unknown API key")
         row = self._db.run(
             lambda tx: tx.one(
-                "SELECT tenant_id, admin, operator FROM api_keys WHERE key_hash = %s",
+                "SELECT tenant_id, admin, operator FROM api_keys "
+                "WHERE key_hash = %s AND revoked_at_ms = 0",
                 (hash_key(key),),
             ),
             write=False,
@@ -159,8 +201,87 @@ class TenantStore:
             raise InvalidApiKey("missing or unknown API key")
         return ApiKeyGrant(str(row[0]), bool(row[1]), bool(row[2]))
 
-    def put_loadout(self, tenant_id: str, document: dict[str, Any]) -> int:
-        """Stores a new revision and applies its admission limit at once."""
+    def list_tenants(self) -> list[TenantInfo]:
+        rows = self._db.run(
+            lambda tx: tx.rows(
+                "SELECT tenant_id, name, created_at_ms FROM tenants ORDER BY tenant_id"
+            ),
+            write=False,
+        )
+        return [TenantInfo(str(r[0]), str(r[1]), int(r[2])) for r in rows]
+
+    def list_api_keys(self, tenant_id: str = "") -> list[ApiKeyInfo]:
+        """The keys of one tenant ("" = every tenant's), oldest first."""
+
+        def work(tx: Tx) -> list[Row]:
+            columns = "key_id, tenant_id, admin, operator, created_at_ms, revoked_at_ms"
+            if not tenant_id:
+                return tx.rows(f"SELECT {columns} FROM api_keys ORDER BY created_at_ms, key_id")
+            self._require_tenant(tx, tenant_id)
+            return tx.rows(
+                f"SELECT {columns} FROM api_keys WHERE tenant_id = %s "
+                "ORDER BY created_at_ms, key_id",
+                (tenant_id,),
+            )
+
+        return [
+            ApiKeyInfo(str(r[0]), str(r[1]), bool(r[2]), bool(r[3]), int(r[4]), int(r[5]))
+            for r in self._db.run(work, write=False)
+        ]
+
+    def revoke_api_key(self, key_id: str) -> bool:
+        """True if this call revoked the key, False if it already was."""
+
+        def work(tx: Tx) -> bool:
+            if self._db.dialect == "postgres":
+                # Revocation ids must become visible in id order, or a watcher
+                # that has read id 6 would never see a 5 committed after it.
+                # One revoker at a time makes commit order the id order
+                # (SQLite's BEGIN IMMEDIATE already serializes writers).
+                tx.execute("LOCK TABLE key_revocations IN EXCLUSIVE MODE")
+            row = tx.one(
+                "SELECT key_hash, revoked_at_ms FROM api_keys WHERE key_id = %s {lock}",
+                (key_id,),
+            )
+            if row is None:
+                raise ApiKeyNotFound(f"no API key {key_id!r}", key_id=key_id)
+            if row[1]:
+                return False
+            at = max(self._clock(), 1)  # 0 would read as "not revoked"
+            tx.execute("UPDATE api_keys SET revoked_at_ms = %s WHERE key_id = %s", (at, key_id))
+            tx.execute(
+                "INSERT INTO key_revocations (key_hash, revoked_at_ms) VALUES (%s, %s)",
+                (row[0], at),
+            )
+            return True
+
+        return self._db.run(work)
+
+    def revocations_after(self, after_id: int, limit: int = 1000) -> list[Revocation]:
+        rows = self._db.run(
+            lambda tx: tx.rows(
+                "SELECT id, key_hash FROM key_revocations WHERE id > %s ORDER BY id LIMIT %s",
+                (after_id, limit),
+            ),
+            write=False,
+        )
+        return [Revocation(int(r[0]), str(r[1])) for r in rows]
+
+    def last_revocation_id(self) -> int:
+        row = self._db.run(
+            lambda tx: tx.one("SELECT COALESCE(MAX(id), 0) FROM key_revocations"), write=False
+        )
+        return int(row[0]) if row else 0
+
+    def put_loadout(
+        self, tenant_id: str, document: dict[str, Any], expected_revision: int = 0
+    ) -> int:
+        """Stores a new revision and applies its admission limit at once.
+
+        With `expected_revision`, only if that is still the latest one (a
+        read-edit-write that lost to another writer gets RevisionMismatch
+        instead of silently undoing the other's change)."""
+        validate_loadout(document)
         text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
         max_runs = domain.max_runs_of(document)
 
@@ -171,7 +292,15 @@ class TenantStore:
                 "SELECT COALESCE(MAX(revision), 0) FROM loadouts WHERE tenant_id = %s",
                 (tenant_id,),
             )
-            revision = (int(row[0]) if row else 0) + 1
+            latest = int(row[0]) if row else 0
+            if expected_revision and expected_revision != latest:
+                raise RevisionMismatch(
+                    f"the loadout of {tenant_id!r} is at revision {latest}, "
+                    f"not {expected_revision}",
+                    current_revision=str(latest),
+                    expected_revision=str(expected_revision),
+                )
+            revision = latest + 1
             tx.execute(
                 "INSERT INTO loadouts (tenant_id, revision, document, created_at_ms) "
                 "VALUES (%s, %s, %s, %s)",

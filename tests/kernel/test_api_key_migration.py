@@ -1,13 +1,16 @@
-"""A database made before operator keys gets the column, on both backends."""
+"""A database made before operator keys and key revocation gets the new
+column and table, on both backends."""
 
 from __future__ import annotations
 
 import sqlite3
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from kernel.database import Database
+from kernel.errors import InvalidApiKey
 from kernel.tenancy import ApiKeyGrant, TenantStore, hash_key
 from services.common.config import Settings
 
@@ -70,5 +73,26 @@ def test_keys_made_before_operator_keys_keep_working_and_are_not_operators(
     database = Database(settings)
     try:
         assert TenantStore(database).authenticate(key).operator
+    finally:
+        database.close()
+
+
+def test_keys_made_before_revocation_are_valid_and_can_be_revoked(settings: Settings) -> None:
+    _create_old_tables(settings)
+    database = Database(settings)
+    try:
+        tenants = TenantStore(database)
+        [old] = tenants.list_api_keys("acme")
+        assert old.key_id == "key_old" and old.revoked_at_ms == 0
+        assert tenants.authenticate(OLD_KEY).tenant_id == "acme"
+        assert tenants.revoke_api_key("key_old")
+        [revocation] = tenants.revocations_after(0)
+        assert revocation.key_hash == hash_key(OLD_KEY)
+    finally:
+        database.close()
+    database = Database(settings)
+    try:
+        with pytest.raises(InvalidApiKey):
+            TenantStore(database).authenticate(OLD_KEY)
     finally:
         database.close()

@@ -884,18 +884,24 @@ class PutLoadoutRequest(_message.Message):
 
     TENANT_ID_FIELD_NUMBER: _builtins.int
     DOCUMENT_JSON_FIELD_NUMBER: _builtins.int
+    EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     document_json: _builtins.str
     """JSON object: model, provider, systemPrompt, tools, compaction, maxConcurrentRuns."""
+    expected_revision: _builtins.int
+    """When not 0: store only if this is still the latest revision, else
+    FAILED_PRECONDITION with reason REVISION_MISMATCH.
+    """
     def __init__(
         self,
         *,
         tenant_id: _builtins.str = ...,
         document_json: _builtins.str = ...,
+        expected_revision: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["document_json", b"document_json", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document_json", b"document_json", "expected_revision", b"expected_revision", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -967,3 +973,220 @@ class GetLoadoutResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetLoadoutResponse: _TypeAlias = GetLoadoutResponse  # noqa: Y015
+
+@_typing.final
+class Tenant(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    CREATED_AT_MS_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    name: _builtins.str
+    created_at_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        created_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at_ms", b"created_at_ms", "name", b"name", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Tenant: _TypeAlias = Tenant  # noqa: Y015
+
+@_typing.final
+class ListTenantsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTenantsRequest: _TypeAlias = ListTenantsRequest  # noqa: Y015
+
+@_typing.final
+class ListTenantsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___Tenant]: ...
+    def __init__(
+        self,
+        *,
+        tenants: _abc.Iterable[Global___Tenant] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenants", b"tenants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTenantsResponse: _TypeAlias = ListTenantsResponse  # noqa: Y015
+
+@_typing.final
+class ApiKey(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    ADMIN_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    CREATED_AT_MS_FIELD_NUMBER: _builtins.int
+    REVOKED_AT_MS_FIELD_NUMBER: _builtins.int
+    key_id: _builtins.str
+    tenant_id: _builtins.str
+    admin: _builtins.bool
+    operator: _builtins.bool
+    created_at_ms: _builtins.int
+    revoked_at_ms: _builtins.int
+    """0 while the key is valid."""
+    def __init__(
+        self,
+        *,
+        key_id: _builtins.str = ...,
+        tenant_id: _builtins.str = ...,
+        admin: _builtins.bool = ...,
+        operator: _builtins.bool = ...,
+        created_at_ms: _builtins.int = ...,
+        revoked_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admin", b"admin", "created_at_ms", b"created_at_ms", "key_id", b"key_id", "operator", b"operator", "revoked_at_ms", b"revoked_at_ms", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApiKey: _TypeAlias = ApiKey  # noqa: Y015
+
+@_typing.final
+class ListApiKeysRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Empty: every tenant's keys."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListApiKeysRequest: _TypeAlias = ListApiKeysRequest  # noqa: Y015
+
+@_typing.final
+class ListApiKeysResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEYS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___ApiKey]: ...
+    def __init__(
+        self,
+        *,
+        keys: _abc.Iterable[Global___ApiKey] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListApiKeysResponse: _TypeAlias = ListApiKeysResponse  # noqa: Y015
+
+@_typing.final
+class RevokeApiKeyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    key_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        key_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_id", b"key_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeApiKeyRequest: _TypeAlias = RevokeApiKeyRequest  # noqa: Y015
+
+@_typing.final
+class RevokeApiKeyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVOKED_FIELD_NUMBER: _builtins.int
+    revoked: _builtins.bool
+    """False when the key was already revoked."""
+    def __init__(
+        self,
+        *,
+        revoked: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revoked", b"revoked"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeApiKeyResponse: _TypeAlias = RevokeApiKeyResponse  # noqa: Y015
+
+@_typing.final
+class WatchRevocationsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AFTER_ID_FIELD_NUMBER: _builtins.int
+    after_id: _builtins.int
+    """The last revocation id the caller has seen (0: from the first)."""
+    def __init__(
+        self,
+        *,
+        after_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRevocationsRequest: _TypeAlias = WatchRevocationsRequest  # noqa: Y015
+
+@_typing.final
+class WatchRevocationsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVOCATION_ID_FIELD_NUMBER: _builtins.int
+    KEY_HASH_FIELD_NUMBER: _builtins.int
+    revocation_id: _builtins.int
+    key_hash: _builtins.str
+    """SHA-256 (hex) of the revoked key."""
+    def __init__(
+        self,
+        *,
+        revocation_id: _builtins.int = ...,
+        key_hash: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_hash", b"key_hash", "revocation_id", b"revocation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRevocationsResponse: _TypeAlias = WatchRevocationsResponse  # noqa: Y015

@@ -122,6 +122,26 @@ class KernelServiceStub:
                 request_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.GetLoadoutRequest.SerializeToString,
                 response_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.GetLoadoutResponse.FromString,
                 _registered_method=True)
+        self.ListTenants = channel.unary_unary(
+                '/keel.kernel.v1.KernelService/ListTenants',
+                request_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.ListTenantsRequest.SerializeToString,
+                response_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.ListTenantsResponse.FromString,
+                _registered_method=True)
+        self.ListApiKeys = channel.unary_unary(
+                '/keel.kernel.v1.KernelService/ListApiKeys',
+                request_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.ListApiKeysRequest.SerializeToString,
+                response_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.ListApiKeysResponse.FromString,
+                _registered_method=True)
+        self.RevokeApiKey = channel.unary_unary(
+                '/keel.kernel.v1.KernelService/RevokeApiKey',
+                request_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.RevokeApiKeyRequest.SerializeToString,
+                response_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.RevokeApiKeyResponse.FromString,
+                _registered_method=True)
+        self.WatchRevocations = channel.unary_stream(
+                '/keel.kernel.v1.KernelService/WatchRevocations',
+                request_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.WatchRevocationsRequest.SerializeToString,
+                response_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.WatchRevocationsResponse.FromString,
+                _registered_method=True)
 
 
 class KernelServiceServicer:
@@ -242,6 +262,35 @@ class KernelServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTenants(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListApiKeys(self, request, context):
+        """Lists keys (ids and rights, never the keys themselves).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeApiKey(self, request, context):
+        """Revokes a key: Authenticate refuses it from this call on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchRevocations(self, request, context):
+        """Every revocation after after_id (the backlog), then each new one as it
+        is made through any kernel replica. Edges follow it to drop a revoked
+        key from their caches at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KernelServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -329,6 +378,26 @@ def add_KernelServiceServicer_to_server(servicer, server):
                     servicer.GetLoadout,
                     request_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.GetLoadoutRequest.FromString,
                     response_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.GetLoadoutResponse.SerializeToString,
+            ),
+            'ListTenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTenants,
+                    request_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.ListTenantsRequest.FromString,
+                    response_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.ListTenantsResponse.SerializeToString,
+            ),
+            'ListApiKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListApiKeys,
+                    request_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.ListApiKeysRequest.FromString,
+                    response_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.ListApiKeysResponse.SerializeToString,
+            ),
+            'RevokeApiKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeApiKey,
+                    request_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.RevokeApiKeyRequest.FromString,
+                    response_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.RevokeApiKeyResponse.SerializeToString,
+            ),
+            'WatchRevocations': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchRevocations,
+                    request_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.WatchRevocationsRequest.FromString,
+                    response_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.WatchRevocationsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -793,6 +862,114 @@ class KernelService:
             '/keel.kernel.v1.KernelService/GetLoadout',
             keel_dot_kernel_dot_v1_dot_kernel__pb2.GetLoadoutRequest.SerializeToString,
             keel_dot_kernel_dot_v1_dot_kernel__pb2.GetLoadoutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keel.kernel.v1.KernelService/ListTenants',
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.ListTenantsRequest.SerializeToString,
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.ListTenantsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListApiKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keel.kernel.v1.KernelService/ListApiKeys',
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.ListApiKeysRequest.SerializeToString,
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.ListApiKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeApiKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keel.kernel.v1.KernelService/RevokeApiKey',
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.RevokeApiKeyRequest.SerializeToString,
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.RevokeApiKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchRevocations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/keel.kernel.v1.KernelService/WatchRevocations',
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.WatchRevocationsRequest.SerializeToString,
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.WatchRevocationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -65,6 +65,16 @@ class KernelServiceStub:
     PutLoadout: _grpc.UnaryUnaryMultiCallable[_kernel_pb2.PutLoadoutRequest, _kernel_pb2.PutLoadoutResponse]
     """Stores a new loadout revision for a tenant."""
     GetLoadout: _grpc.UnaryUnaryMultiCallable[_kernel_pb2.GetLoadoutRequest, _kernel_pb2.GetLoadoutResponse]
+    ListTenants: _grpc.UnaryUnaryMultiCallable[_kernel_pb2.ListTenantsRequest, _kernel_pb2.ListTenantsResponse]
+    ListApiKeys: _grpc.UnaryUnaryMultiCallable[_kernel_pb2.ListApiKeysRequest, _kernel_pb2.ListApiKeysResponse]
+    """Lists keys (ids and rights, never the keys themselves)."""
+    RevokeApiKey: _grpc.UnaryUnaryMultiCallable[_kernel_pb2.RevokeApiKeyRequest, _kernel_pb2.RevokeApiKeyResponse]
+    """Revokes a key: Authenticate refuses it from this call on."""
+    WatchRevocations: _grpc.UnaryStreamMultiCallable[_kernel_pb2.WatchRevocationsRequest, _kernel_pb2.WatchRevocationsResponse]
+    """Every revocation after after_id (the backlog), then each new one as it
+    is made through any kernel replica. Edges follow it to drop a revoked
+    key from their caches at once.
+    """
 
 @_typing.type_check_only
 class KernelServiceAsyncStub(KernelServiceStub):
@@ -103,6 +113,16 @@ class KernelServiceAsyncStub(KernelServiceStub):
     PutLoadout: _aio.UnaryUnaryMultiCallable[_kernel_pb2.PutLoadoutRequest, _kernel_pb2.PutLoadoutResponse]  # type: ignore[assignment]
     """Stores a new loadout revision for a tenant."""
     GetLoadout: _aio.UnaryUnaryMultiCallable[_kernel_pb2.GetLoadoutRequest, _kernel_pb2.GetLoadoutResponse]  # type: ignore[assignment]
+    ListTenants: _aio.UnaryUnaryMultiCallable[_kernel_pb2.ListTenantsRequest, _kernel_pb2.ListTenantsResponse]  # type: ignore[assignment]
+    ListApiKeys: _aio.UnaryUnaryMultiCallable[_kernel_pb2.ListApiKeysRequest, _kernel_pb2.ListApiKeysResponse]  # type: ignore[assignment]
+    """Lists keys (ids and rights, never the keys themselves)."""
+    RevokeApiKey: _aio.UnaryUnaryMultiCallable[_kernel_pb2.RevokeApiKeyRequest, _kernel_pb2.RevokeApiKeyResponse]  # type: ignore[assignment]
+    """Revokes a key: Authenticate refuses it from this call on."""
+    WatchRevocations: _aio.UnaryStreamMultiCallable[_kernel_pb2.WatchRevocationsRequest, _kernel_pb2.WatchRevocationsResponse]  # type: ignore[assignment]
+    """Every revocation after after_id (the backlog), then each new one as it
+    is made through any kernel replica. Edges follow it to drop a revoked
+    key from their caches at once.
+    """
 
 class KernelServiceServicer(metaclass=_abc_1.ABCMeta):
     """The kernel decides who may work on a session: leases with epochs, the
@@ -240,5 +260,39 @@ class KernelServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _kernel_pb2.GetLoadoutRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_kernel_pb2.GetLoadoutResponse, _abc.Awaitable[_kernel_pb2.GetLoadoutResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListTenants(
+        self,
+        request: _kernel_pb2.ListTenantsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kernel_pb2.ListTenantsResponse, _abc.Awaitable[_kernel_pb2.ListTenantsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListApiKeys(
+        self,
+        request: _kernel_pb2.ListApiKeysRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kernel_pb2.ListApiKeysResponse, _abc.Awaitable[_kernel_pb2.ListApiKeysResponse]]:
+        """Lists keys (ids and rights, never the keys themselves)."""
+
+    @_abc_1.abstractmethod
+    def RevokeApiKey(
+        self,
+        request: _kernel_pb2.RevokeApiKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kernel_pb2.RevokeApiKeyResponse, _abc.Awaitable[_kernel_pb2.RevokeApiKeyResponse]]:
+        """Revokes a key: Authenticate refuses it from this call on."""
+
+    @_abc_1.abstractmethod
+    def WatchRevocations(
+        self,
+        request: _kernel_pb2.WatchRevocationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_kernel_pb2.WatchRevocationsResponse], _abc.AsyncIterator[_kernel_pb2.WatchRevocationsResponse]]:
+        """Every revocation after after_id (the backlog), then each new one as it
+        is made through any kernel replica. Edges follow it to drop a revoked
+        key from their caches at once.
+        """
 
 def add_KernelServiceServicer_to_server(servicer: KernelServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
