@@ -25,7 +25,7 @@ from edge.errors import (
 )
 from edge.gateway import Gateway
 from edge.http import Metrics, RequestMetrics
-from edge.routes import blobs, probes, runtime, sessions
+from edge.routes import admin, blobs, probes, runtime, sessions
 from services.common.errors import KeelError
 
 
@@ -42,7 +42,13 @@ async def _wrong_method(request: Request, error: Exception) -> Response:
 
 def create_app(gateway: Gateway) -> Starlette:
     metrics = Metrics()
-    routes: list[BaseRoute] = [*sessions.routes, *blobs.routes, *runtime.routes, *probes.routes]
+    routes: list[BaseRoute] = [
+        *sessions.routes,
+        *blobs.routes,
+        *runtime.routes,
+        *admin.routes,
+        *probes.routes,
+    ]
     app = Starlette(
         routes=routes,
         middleware=[Middleware(RequestMetrics, metrics=metrics)],

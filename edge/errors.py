@@ -6,13 +6,20 @@ with the right 4xx; a 500 is a bug::
      ├── Unauthorized        401  unauthorized
      ├── Forbidden           403  forbidden
      ├── NotFound            404  not_found
+     │    └── SessionNotFound    (ErrorInfo reason SESSION_NOT_FOUND)
      ├── MethodNotAllowed    405  method_not_allowed
      ├── Conflict            409  conflict  (request id reuse, wrong blob offset)
+     ├── PreconditionFailed  412  precondition_failed  (If-Match: another revision)
      ├── PayloadTooLarge     413  payload_too_large
      └── Unavailable         503  unavailable
 
 Service errors (`KeelError`) reach clients through `from_service_error`; the
 app registers both roots as exception handlers, so routes only raise.
+
+The gRPC API (keel.sessions.v1, edge/grpc_api.py) reports the same errors:
+each class also names its gRPC code and the `ErrorInfo.reason` clients
+branch on, and a service's refusal keeps the service's code, reason and
+details (the `field` an invalid loadout names, the `seq` of a conflict).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import logging
 from typing import ClassVar
 
+import grpc
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -37,10 +45,17 @@ MAX_ECHO_CHARS = 64
 class EdgeError(Exception):
     status: ClassVar[int] = 500
     code: ClassVar[str] = "internal"
+    # The same refusal on the gRPC API; an instance may carry a service's own.
+    grpc_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    reason: str = "INTERNAL"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, reason: str = "", field: str = "") -> None:
         super().__init__(message)
         self.message = message
+        if reason:
+            self.reason = reason
+        # Machine-readable details for ErrorInfo.metadata, e.g. the field refused.
+        self.metadata: dict[str, str] = {"field": field} if field else {}
 
     def response(self) -> JSONResponse:
         return error_response(self.status, self.code, self.message)
@@ -49,41 +64,72 @@ class EdgeError(Exception):
 class BadRequest(EdgeError):
     status = 400
     code = "bad_request"
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "INVALID_ARGUMENT"
 
 
 class Unauthorized(EdgeError):
     status = 401
     code = "unauthorized"
+    grpc_code = grpc.StatusCode.UNAUTHENTICATED
+    reason = "UNAUTHENTICATED"
 
 
 class Forbidden(EdgeError):
     status = 403
     code = "forbidden"
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "PERMISSION_DENIED"
 
 
 class NotFound(EdgeError):
     status = 404
     code = "not_found"
+    grpc_code = grpc.StatusCode.NOT_FOUND
+    reason = "NOT_FOUND"
+
+
+class SessionNotFound(NotFound):
+    """Not the caller's session: another tenant's is not found either."""
+
+    reason = "SESSION_NOT_FOUND"
 
 
 class MethodNotAllowed(EdgeError):
     status = 405
     code = "method_not_allowed"
+    grpc_code = grpc.StatusCode.UNIMPLEMENTED
+    reason = "UNIMPLEMENTED"
 
 
 class Conflict(EdgeError):
     status = 409
     code = "conflict"
+    grpc_code = grpc.StatusCode.ALREADY_EXISTS
+    reason = "CONFLICT"
+
+
+class PreconditionFailed(EdgeError):
+    """If-Match named another revision than the current one."""
+
+    status = 412
+    code = "precondition_failed"
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "FAILED_PRECONDITION"
 
 
 class PayloadTooLarge(EdgeError):
     status = 413
     code = "payload_too_large"
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "PAYLOAD_TOO_LARGE"
 
 
 class Unavailable(EdgeError):
     status = 503
     code = "unavailable"
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    reason = "UNAVAILABLE"
 
 
 def error_response(status: int, code: str, message: str) -> JSONResponse:
@@ -112,9 +158,21 @@ async def handle_service_error(request: Request, error: Exception) -> Response:
 
 
 def from_service_error(error: KeelError) -> EdgeError:
-    """A service's refusal, as the HTTP error a client should see."""
+    """A service's refusal, as the error a client should see. Over gRPC it
+    keeps the service's code, reason and metadata (its message may quote a
+    client's long value, so the edge's own message replaces it), unless the
+    edge reports it as unavailable (an unknown failure says nothing useful)."""
+    mapped = _http_error_of(error)
+    if not isinstance(mapped, Unavailable) or isinstance(error, ServiceUnavailable):
+        mapped.grpc_code = error.code
+        mapped.reason = error.reason
+        mapped.metadata = dict(error.metadata)
+    return mapped
+
+
+def _http_error_of(error: KeelError) -> EdgeError:
     if isinstance(error, ledger_errors.SessionNotFound):
-        return NotFound("no such session")
+        return SessionNotFound("no such session")
     if isinstance(error, ledger_errors.IdempotencyConflict):
         # The ledger's message quotes the requestId, which may be long.
         committed = error.metadata.get("seq")

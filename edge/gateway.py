@@ -1,8 +1,10 @@
 """What the edge does for each request, behind the HTTP routes.
 
-The edge owns nothing durable about sessions: inputs are committed to the
-ledger first (idempotent by requestId), then the kernel is woken. It finds a
-session's owner through the kernel to attach to the runner's partial hub.
+The edge owns nothing durable about sessions. It finds a session's owner
+through the kernel to attach to the runner's partial hub, and asks the
+compaction service what the model saw. Inputs (`edge.inputs`), callers
+(`edge.auth`) and tenant administration (`edge.admin_ops`) live in modules
+of their own, taking the gateway.
 
 Session ids are per tenant, as workflow ids are per namespace in Temporal:
 the id a client sees is `<id>`, the ledger's is `<tenant>:<id>`. Two tenants
@@ -16,26 +18,24 @@ import asyncio
 import contextlib
 import logging
 import re
-import time
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
 from compaction.client import CompactionClient
 from compaction.errors import SeqOutOfRange as CompactionSeqOutOfRange
+from edge.auth import Authenticator, Caller
 from edge.errors import (
     BadRequest,
     Conflict,
-    Forbidden,
-    NotFound,
-    Unauthorized,
+    SessionNotFound,
     Unavailable,
     from_service_error,
     shown,
 )
 from edge.fanout import FanoutHub
-from kernel import InvalidApiKey, KernelClient, RuntimeInfo
+from kernel import KernelClient, RuntimeInfo
 from services.blobs import BlobStore
 from services.common.config import Settings
 from services.common.errors import KeelError
@@ -46,68 +46,40 @@ from services.runner.hub import StatusChange
 
 log = logging.getLogger("keel.edge")
 
-AUTH_CACHE_S = 30.0
 # How long GET /v1/sessions/{id} waits for the owner runner's state.
 RUNNER_STATE_TIMEOUT_S = 2.0
-MAX_TEXT_CHARS = 256 * 1024
 DEFAULT_SESSION_PAGE = 100
 MAX_SESSION_PAGE = 1000
 # No ':' in a client's session id, so `<tenant>:<id>` splits one way only.
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
-# What the ledger accepts as a requestId, checked here first so that a refusal
-# quotes no more of a client's value than `shown` allows.
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
-
-
-@dataclass(frozen=True)
-class Committed:
-    """An input in the ledger, as the client is told of it."""
-
-    seq: int
-    # The requestId had committed this input already (the answer is 200).
-    duplicate: bool
-    request_id: str
-    # False when the edge made the requestId: the client has no id to send
-    # again, so resending the request would commit a second input.
-    retry_safe: bool
-
-    def to_json(self) -> dict[str, Any]:
-        return {"seq": self.seq, "requestId": self.request_id, "retrySafe": self.retry_safe}
-
-
-def _request_id(body: Mapping[str, Any], idempotency_key: str | None) -> tuple[str, bool]:
-    """The input's requestId (body or Idempotency-Key header, else a new one)
-    and whether the client chose it."""
-    given = body.get("requestId")
-    if given is not None and not isinstance(given, str):
-        raise BadRequest("requestId must be a string")
-    if given is not None and idempotency_key is not None and given != idempotency_key:
-        raise BadRequest("requestId and the Idempotency-Key header differ; send one of them")
-    chosen = given if given is not None else idempotency_key
-    if chosen is None:
-        return f"edge-{uuid.uuid4().hex}", False
-    if not _REQUEST_ID.match(chosen):
-        raise BadRequest(
-            "a requestId (or Idempotency-Key) is 1-128 characters of letters, digits, "
-            f"'_.:-', got {shown(chosen)}"
-        )
-    return chosen, True
 
 
 class SeqOutOfRange(BadRequest):
     """A seq past the session's head: that point does not exist yet."""
 
     code = "seq_out_of_range"
+    reason = "SEQ_OUT_OF_RANGE"
 
 
 @dataclass(frozen=True)
-class Caller:
-    """Who sent a request: acting for `tenant_id`; an admin manages that
-    tenant, an operator runs the deployment (every tenant's runtimes)."""
+class SessionInfo:
+    """A session as its tenant is told of it."""
 
-    tenant_id: str
-    admin: bool
-    operator: bool = False
+    session_id: str
+    head_seq: int
+    # idle, running, compacting or parked.
+    status: str
+    owed_input_seqs: tuple[int, ...]
+    latest_compaction_seq: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.session_id,
+            "headSeq": self.head_seq,
+            "status": self.status,
+            "owedInputs": list(self.owed_input_seqs),
+            "latestCompactionSeq": self.latest_compaction_seq,
+        }
 
 
 @dataclass(frozen=True)
@@ -119,6 +91,9 @@ class EdgeConfig:
     # How long SSE clients of a draining edge wait before reconnecting.
     drain_retry_after_ms: int = 1000
     keepalive_s: float = 15.0
+    # The public gRPC API (keel.sessions.v1) on this port of the edge's host;
+    # None: not served, 0: any free port.
+    grpc_port: int | None = None
 
 
 class Gateway:
@@ -137,7 +112,7 @@ class Gateway:
         self.edge_id = f"edge-{uuid.uuid4().hex[:12]}"
         self.draining = asyncio.Event()
         self.drain_mode = "none"
-        self._keys: dict[str, tuple[float, Caller]] = {}
+        self.auth = Authenticator(self.kernel, self.edge_id)
         self._runners: dict[str, RunnerClient] = {}
         self._addresses: dict[str, str] = {}
         self._tenants: dict[str, str] = {}
@@ -152,6 +127,7 @@ class Gateway:
         self.fanout.drain()
 
     async def close(self) -> None:
+        await self.auth.close()
         for client in self._runners.values():
             await client.close()
         await self.ledger.close()
@@ -161,33 +137,6 @@ class Gateway:
 
     # -- auth and ownership --
 
-    async def authenticate(self, key: str) -> Caller:
-        if not key:
-            raise Unauthorized("missing API key: send Authorization: Bearer <key>")
-        cached = self._keys.get(key)
-        if cached is not None and cached[0] > time.monotonic():
-            return cached[1]
-        try:
-            grant = await self.kernel.authenticate(key)
-        except InvalidApiKey:
-            raise Unauthorized("unknown API key") from None
-        except KeelError as error:
-            raise from_service_error(error) from None
-        caller = Caller(grant.tenant_id, grant.admin, grant.operator)
-        self._keys[key] = (time.monotonic() + AUTH_CACHE_S, caller)
-        return caller
-
-    @staticmethod
-    def require_admin(caller: Caller) -> None:
-        if not caller.admin:
-            raise Forbidden("this endpoint needs an admin key")
-
-    @staticmethod
-    def require_operator(caller: Caller) -> None:
-        # A tenant's admin must not stop runtimes every other tenant runs on.
-        if not caller.operator:
-            raise Forbidden("this endpoint needs an operator key")
-
     async def session(self, caller: Caller, session_id: str) -> SessionView:
         """The session if it is the caller's; another tenant's is a 404."""
         try:
@@ -196,7 +145,7 @@ class Gateway:
         except KeelError as error:
             raise from_service_error(error) from None
         if view.tenant_id != caller.tenant_id:
-            raise NotFound("no such session")
+            raise SessionNotFound("no such session")
         return view
 
     async def check_owner(self, caller: Caller, session_id: str) -> None:
@@ -209,7 +158,31 @@ class Gateway:
                 self._tenants.clear()
             self._tenants[session_id] = tenant
         if tenant != caller.tenant_id:
-            raise NotFound("no such session")
+            raise SessionNotFound("no such session")
+
+    async def session_info(self, caller: Caller, session_id: str) -> SessionInfo:
+        """What GET /v1/sessions/{id} and GetSession report of the caller's session."""
+        view = await self.session(caller, session_id)
+        return SessionInfo(
+            session_id=self.public_session_id(view.session_id),
+            head_seq=view.head_seq,
+            status=await self.status_of(view),
+            owed_input_seqs=tuple(view.owed_input_seqs),
+            latest_compaction_seq=view.latest_compaction_seq,
+        )
+
+    async def check_cursor(self, caller: Caller, session_id: str, after: int) -> SessionView:
+        """The caller's session, if its facts can be read after `after`."""
+        view = await self.session(caller, session_id)
+        if after < 0:
+            raise BadRequest("a cursor is a seq (a non-negative integer)", field="after")
+        if after > view.head_seq:
+            # A cursor from the future would silently skip facts until the
+            # session caught up with it: refuse it instead.
+            raise SeqOutOfRange(
+                f"cursor {after} is beyond the session's head {view.head_seq}", field="after"
+            )
+        return view
 
     # -- sessions and inputs --
 
@@ -219,11 +192,12 @@ class Gateway:
         if not _SESSION_ID.match(session_id):
             raise BadRequest(
                 "a session id is 1-64 characters of letters, digits, '_.-', "
-                f"got {shown(session_id)}"
+                f"got {shown(session_id)}",
+                field="id",
             )
         ledger_id = f"{caller.tenant_id}:{session_id}"
         if len(ledger_id) > 128:
-            raise BadRequest("this session id is too long for this tenant's id")
+            raise BadRequest("this session id is too long for this tenant's id", field="id")
         return ledger_id
 
     @staticmethod
@@ -235,7 +209,7 @@ class Gateway:
         session_id = session_id or f"s-{uuid.uuid4().hex[:16]}"
         ledger_id = self.ledger_session_id(caller, session_id)
         if not await self.ledger.create_session(ledger_id, caller.tenant_id):
-            raise Conflict("you have a session with this id already")
+            raise Conflict("you have a session with this id already", reason="SESSION_EXISTS")
         return session_id
 
     async def list_sessions(
@@ -268,83 +242,6 @@ class Gateway:
         if len(found) > limit:
             return found[:limit], found[limit - 1]["id"]
         return found, None
-
-    async def commit_input(
-        self,
-        caller: Caller,
-        session_id: str,
-        body: Mapping[str, Any],
-        idempotency_key: str | None = None,
-    ) -> Committed:
-        """Commits an input (`text`, `requestId`?, `blobs`?) then wakes the kernel."""
-        await self.check_owner(caller, session_id)
-        text = body.get("text")
-        if not isinstance(text, str):
-            raise BadRequest("an input needs text (string)")
-        if len(text) > MAX_TEXT_CHARS:
-            raise BadRequest(f"text is longer than {MAX_TEXT_CHARS} characters")
-        request_id, retry_safe = _request_id(body, idempotency_key)
-        data: dict[str, Any] = {"text": text, "requestId": request_id}
-        blobs = body.get("blobs")
-        if blobs is not None:
-            if not isinstance(blobs, list) or not all(isinstance(b, str) for b in blobs):
-                raise BadRequest("blobs must be a list of blob ids")
-            for blob_id in blobs:
-                info = await asyncio.to_thread(self.blobs.get, caller.tenant_id, blob_id)
-                if not info.complete:
-                    raise BadRequest(f"blob {info.id} is not completely uploaded")
-            data["blobs"] = blobs
-        return await self._append_input(caller, session_id, data, retry_safe)
-
-    async def retry(
-        self,
-        caller: Caller,
-        session_id: str,
-        body: Mapping[str, Any],
-        idempotency_key: str | None = None,
-    ) -> Committed:
-        """Asks input `seq` again: a new input with its text and blobs, and
-        `retryOf`. Deduplicated like any input, so one requestId re-asks once,
-        and a requestId used to retry another seq is a conflict."""
-        await self.check_owner(caller, session_id)
-        seq = body.get("seq")
-        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 < seq < 1 << 63:
-            raise BadRequest("retry needs the seq (positive integer) of an input")
-        request_id, retry_safe = _request_id(body, idempotency_key)
-        facts, _ = await self.ledger.read(session_id, seq - 1, 1)
-        if not facts or facts[0].seq != seq or facts[0].kind != "input":
-            raise BadRequest(f"seq {seq} is not an input of this session")
-        original = facts[0].data
-        data: dict[str, Any] = {"text": original["text"], "requestId": request_id, "retryOf": seq}
-        if original.get("blobs"):
-            data["blobs"] = list(original["blobs"])
-        return await self._append_input(caller, session_id, data, retry_safe)
-
-    async def _append_input(
-        self, caller: Caller, session_id: str, data: dict[str, Any], retry_safe: bool
-    ) -> Committed:
-        appended = await self.ledger.append_one(session_id, "input", data)
-        # A duplicate still enqueues: the first attempt to wake may be the
-        # one that was lost, and a spare wake-up is harmless.
-        await self.kernel.enqueue(session_id, caller.tenant_id, appended.seq, unpark=True)
-        return Committed(appended.seq, appended.duplicate, data["requestId"], retry_safe)
-
-    async def cancel(self, caller: Caller, session_id: str) -> int | None:
-        """Commits a cancel and returns its seq; None when there is nothing to
-        cancel (no owed input, no open tool call, nobody holding the session),
-        so an idle session's history gains no empty cancel."""
-        view = await self.session(caller, session_id)
-        # The lease is asked directly, not through owner(): an unreachable
-        # kernel must be a 503, not a claim that nothing runs.
-        if (
-            not view.owed_input_seqs
-            and not view.open_tool_calls
-            and (await self.kernel.get_lease(session_id)).lease is None
-        ):
-            return None
-        appended = await self.ledger.append_one(session_id, "cancelled", {"reason": "client"})
-        await self.kernel.enqueue(session_id, caller.tenant_id)
-        return appended.seq
 
     # -- runners --
 
@@ -421,9 +318,9 @@ class Gateway:
         if at is None:
             at = view.head_seq
         if isinstance(at, bool) or not isinstance(at, int) or at < 1:
-            raise BadRequest("at must be a seq (a positive integer)")
+            raise BadRequest("at must be a seq (a positive integer)", field="at")
         if at > view.head_seq:
-            raise SeqOutOfRange(f"at {at} is beyond the session's head {view.head_seq}")
+            raise SeqOutOfRange(f"at {at} is beyond the session's head {view.head_seq}", field="at")
         if self.compaction is None:
             raise Unavailable("this edge has no compaction service to build contexts with")
         try:

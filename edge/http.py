@@ -19,8 +19,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from edge.auth import Caller
 from edge.errors import BadRequest, PayloadTooLarge, shown
-from edge.gateway import Caller, Gateway
+from edge.gateway import Gateway
 
 MAX_BODY_BYTES = 1 << 20
 # Seqs, cursors and offsets travel as int64 on the wire.
@@ -99,7 +100,7 @@ def api_route(path: str, handler: ApiHandler, methods: list[str]) -> Route:
     authenticates: the handler runs only for a known key."""
 
     async def endpoint(request: Request) -> Response:
-        caller = await gateway_of(request).authenticate(bearer(request))
+        caller = await gateway_of(request).auth.authenticate(bearer(request))
         return await handler(request, caller)
 
     return Route(path, endpoint, methods=methods, name=handler.__name__)

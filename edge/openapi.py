@@ -64,6 +64,14 @@ _IDEMPOTENCY_KEY = {
     "description": "The requestId, as a header. If the body has one too, they must be equal.",
     "schema": _REQUEST_ID_SCHEMA,
 }
+_TENANT_ID_SCHEMA = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.\\-]{0,63}$"}
+_ETAG = {
+    "ETag": {
+        "description": 'The loadout\'s revision, quoted ("3"); send it back as If-Match',
+        "required": True,
+        "schema": _STRING,
+    }
+}
 _UPLOAD_OFFSET = {
     "Upload-Offset": {
         "description": "How many bytes the upload has reached",
@@ -234,6 +242,68 @@ _SCHEMAS: dict[str, Schema] = {
     ),
     "RuntimeStatus": _object(
         ["runtimes"], {"runtimes": {"type": "array", "items": _ref("Runtime")}}
+    ),
+    "Loadout": _object(
+        ["revision", "document"],
+        {
+            "revision": {"type": "integer", "minimum": 0, "description": "0: none stored yet"},
+            "document": {"type": "object", "description": "SPEC §10"},
+        },
+    ),
+    "LoadoutStored": _object(["revision"], {"revision": _SEQ}),
+    "LoadoutDocument": {
+        "type": "object",
+        "description": "SPEC §10: systemPrompt, model, compaction, admission, tools. "
+        "Unknown fields are refused; secrets only by env-var name (apiKeyEnv, headersEnv).",
+    },
+    "Tenant": _object(
+        ["id", "name", "createdAtMs"],
+        {"id": _TENANT_ID_SCHEMA, "name": _STRING, "createdAtMs": _COUNT},
+    ),
+    "TenantList": _object(["tenants"], {"tenants": {"type": "array", "items": _ref("Tenant")}}),
+    "TenantCreate": _object(
+        ["id"], {"id": _TENANT_ID_SCHEMA, "name": {"type": "string", "maxLength": 256}}
+    ),
+    "TenantCreated": _object(
+        ["id", "name", "created"],
+        {"id": _TENANT_ID_SCHEMA, "name": _STRING, "created": {"type": "boolean"}},
+    ),
+    "ApiKey": _object(
+        ["id", "tenant", "admin", "operator", "createdAtMs", "revokedAtMs"],
+        {
+            "id": _STRING,
+            "tenant": _STRING,
+            "admin": {"type": "boolean"},
+            "operator": {"type": "boolean"},
+            "createdAtMs": _COUNT,
+            "revokedAtMs": {"type": ["integer", "null"], "description": "null while valid"},
+        },
+    ),
+    "ApiKeyList": _object(["keys"], {"keys": {"type": "array", "items": _ref("ApiKey")}}),
+    "ApiKeyCreate": _object(
+        [],
+        {
+            "tenant": {"type": "string", "description": "default: the caller's tenant"},
+            "admin": {"type": "boolean", "default": False},
+            "operator": {"type": "boolean", "default": False, "description": "operators only"},
+        },
+    ),
+    "ApiKeyCreated": _object(
+        ["id", "key", "tenant", "admin", "operator"],
+        {
+            "id": _STRING,
+            "key": {"type": "string", "description": "shown this once; only its hash is kept"},
+            "tenant": _STRING,
+            "admin": {"type": "boolean"},
+            "operator": {"type": "boolean"},
+        },
+    ),
+    "ApiKeyRevoked": _object(
+        ["id", "revoked"],
+        {
+            "id": _STRING,
+            "revoked": {"type": "boolean", "description": "false: it was revoked before"},
+        },
     ),
 }
 
@@ -508,6 +578,112 @@ _PATHS: dict[str, Schema] = {
                 **_AUTHENTICATED,
             },
         }
+    },
+    "/v1/loadout": {
+        "get": {
+            "operationId": "getLoadout",
+            "summary": "The tenant's latest loadout and its revision (admin key)",
+            "responses": {
+                "200": _json(_ref("Loadout"), "The loadout", _ETAG),
+                "403": _error("Not an admin key"),
+                **_AUTHENTICATED,
+            },
+        },
+        "put": {
+            "operationId": "putLoadout",
+            "summary": "Store a new revision of the tenant's loadout (admin key)",
+            "description": "The body is the document. Attempts already running keep the "
+            "revision they started with; the next attempt uses the new one.",
+            "parameters": [
+                {
+                    "name": "If-Match",
+                    "in": "header",
+                    "required": False,
+                    "description": "Store only if this is still the latest revision",
+                    "schema": _STRING,
+                }
+            ],
+            "requestBody": _body(_ref("LoadoutDocument")),
+            "responses": {
+                "200": _json(_ref("LoadoutStored"), "Stored", _ETAG),
+                "400": _error("Invalid document (the message names the field)"),
+                "403": _error("Not an admin key"),
+                "412": _error("If-Match names another revision than the latest"),
+                **_TOO_LARGE,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/tenants": {
+        "get": {
+            "operationId": "listTenants",
+            "summary": "Every tenant (operator key)",
+            "responses": {
+                "200": _json(_ref("TenantList"), "The tenants"),
+                "403": _error("Not an operator key"),
+                **_AUTHENTICATED,
+            },
+        },
+        "post": {
+            "operationId": "createTenant",
+            "summary": "Create a tenant (operator key)",
+            "requestBody": _body(_ref("TenantCreate")),
+            "responses": {
+                "201": _json(_ref("TenantCreated"), "Created"),
+                "200": _json(_ref("TenantCreated"), "It existed already"),
+                "403": _error("Not an operator key"),
+                **_BAD,
+                **_TOO_LARGE,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/keys": {
+        "get": {
+            "operationId": "listKeys",
+            "summary": "API keys (operator: any tenant's; admin: its tenant's), never the keys",
+            "parameters": [
+                {
+                    "name": "tenant",
+                    "in": "query",
+                    "description": "Only this tenant's keys",
+                    "schema": _STRING,
+                }
+            ],
+            "responses": {
+                "200": _json(_ref("ApiKeyList"), "The keys"),
+                "403": _error("Neither an admin nor an operator key"),
+                "404": _error("No such tenant (or another tenant, for an admin)"),
+                **_AUTHENTICATED,
+            },
+        },
+        "post": {
+            "operationId": "createKey",
+            "summary": "Create an API key; the key is in this answer only",
+            "description": "An admin creates keys of its own tenant, never operator keys.",
+            "requestBody": _optional_body(_ref("ApiKeyCreate")),
+            "responses": {
+                "201": _json(_ref("ApiKeyCreated"), "Created"),
+                "403": _error("Not allowed for this key"),
+                "404": _error("No such tenant (or another tenant, for an admin)"),
+                **_BAD,
+                **_TOO_LARGE,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/keys/{keyId}": {
+        "parameters": [{"name": "keyId", "in": "path", "required": True, "schema": _STRING}],
+        "delete": {
+            "operationId": "revokeKey",
+            "summary": "Revoke a key: it gets 401 at once on every edge",
+            "responses": {
+                "200": _json(_ref("ApiKeyRevoked"), "Revoked"),
+                "403": _error("Not allowed for this key"),
+                "404": _error("No such key (or another tenant's)"),
+                **_AUTHENTICATED,
+            },
+        },
     },
     "/healthz": {
         "get": {

@@ -9,7 +9,8 @@ import os
 import socket
 from typing import Any
 
-from edge.gateway import Caller, Gateway
+from edge.auth import Caller
+from edge.gateway import Gateway
 from kernel import RuntimeInfo
 from services.common.errors import KeelError
 

@@ -1,4 +1,6 @@
-"""Serving the edge with uvicorn, embedded in `keel up` or alone (`keel edge`)."""
+"""Serving the edge, embedded in `keel up` or alone (`keel edge`): the HTTP
+API with uvicorn and, when `EdgeConfig.grpc_port` is set, the public gRPC API
+(keel.sessions.v1) with health and reflection, both on one gateway."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ import uvicorn
 
 from edge.app import create_app
 from edge.gateway import EdgeConfig, Gateway
+from edge.grpc_api import session_service
 from services.blobs import blob_store
 from services.common.config import Settings
+from services.common.serving import RunningServer, serve_services
 
 log = logging.getLogger("keel.edge")
 
@@ -29,11 +33,20 @@ class EdgeServer:
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None
+        self._grpc: RunningServer | None = None
 
     async def start(self) -> EdgeServer:
         blobs = await asyncio.to_thread(blob_store, self.settings)
         self.gateway = Gateway(self.config, self.settings, blobs)
+        self.gateway.auth.follow_revocations()
         app = create_app(self.gateway)
+        if self.config.grpc_port is not None:
+            self._grpc = await serve_services(
+                [session_service(self.gateway)],
+                f"{self.host}:{self.config.grpc_port}",
+                self.settings,
+                public=True,
+            )
         # Bind ourselves so port 0 works and the real port is known at once.
         # The protocol must be named: asyncio turns Nagle's algorithm off only
         # for sockets whose proto is IPPROTO_TCP, and with Nagle on, a response
@@ -58,11 +71,21 @@ class EdgeServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def grpc_address(self) -> str | None:
+        """host:port of the gRPC API (None when not served)."""
+        if self._grpc is None:
+            return None
+        return f"{self.host}:{self._grpc.port}"
+
     async def stop(self) -> None:
         if self.gateway is not None:
             self.gateway.start_draining()  # SSE clients get `drain`, then streams end
         if self._server is not None:
             self._server.should_exit = True
+        if self._grpc is not None:
+            # Streams have been sent their Drain; in-flight unary calls finish.
+            await self._grpc.stop(grace=2.0)
         if self._task is not None:
             with contextlib.suppress(Exception):
                 await self._task
@@ -78,6 +101,8 @@ async def run_edge(settings: Settings, config: EdgeConfig, host: str, port: int)
 
     server = await EdgeServer(settings, config, host, port).start()
     print(f"edge listening on {host}:{server.port}", flush=True)
+    if server.grpc_address is not None:
+        print(f"gRPC API: {server.grpc_address}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

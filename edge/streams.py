@@ -28,7 +28,8 @@ from services.runner.hub import Partial
 
 log = logging.getLogger("keel.edge.sse")
 
-_STATES = {"idle", "running", "compacting"}
+# The states a client is told of (a runner's other states are its own business).
+CLIENT_STATES = frozenset({"idle", "running", "compacting"})
 
 
 def fact_event(fact: CommittedFact) -> ServerSentEvent:
@@ -140,7 +141,7 @@ def _to_event(item: Live) -> ServerSentEvent | None:
         return fact_event(item)
     if isinstance(item, Partial):
         return ServerSentEvent(data=json.dumps(delta_json(item)), event="delta")
-    if item.state in _STATES:
+    if item.state in CLIENT_STATES:
         payload_status: dict[str, Any] = {"state": item.state}
         if item.epoch:
             payload_status["epoch"] = item.epoch

@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from edge.auth import Caller
 from edge.errors import BadRequest, Conflict
-from edge.gateway import Caller
 from edge.http import api_route, gateway_of, is_count, json_body, read_limited
 
 MAX_CHUNK_BYTES = 8 << 20

@@ -6,8 +6,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from edge.auth import Caller, require_admin, require_operator
 from edge.errors import BadRequest
-from edge.gateway import Caller
 from edge.http import MAX_INT64, api_route, gateway_of, json_body
 from edge.runtime_ops import drain_runners, report
 
@@ -17,7 +17,7 @@ DEFAULT_DRAIN_DEADLINE_MS = 30_000
 
 async def drain(request: Request, caller: Caller) -> Response:
     gateway = gateway_of(request)
-    gateway.require_operator(caller)
+    require_operator(caller)
     body = await json_body(request, {"mode", "deadlineMs", "runtimeId"})
     mode = body.get("mode", "handoff")
     deadline = body.get("deadlineMs", DEFAULT_DRAIN_DEADLINE_MS)
@@ -41,7 +41,7 @@ async def runtime_status(request: Request, caller: Caller) -> Response:
     gateway = gateway_of(request)
     # An operator sees every tenant's sessions; a tenant's admin its own.
     if not caller.operator:
-        gateway.require_admin(caller)
+        require_admin(caller)
     return JSONResponse(await report(gateway, caller))
 
 

@@ -8,8 +8,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from edge import inputs
+from edge.auth import Caller
 from edge.errors import BadRequest
-from edge.gateway import DEFAULT_SESSION_PAGE, MAX_SESSION_PAGE, Caller, Committed
+from edge.gateway import DEFAULT_SESSION_PAGE, MAX_SESSION_PAGE
 from edge.http import (
     api_route,
     gateway_of,
@@ -21,6 +23,7 @@ from edge.http import (
     optional_int_param,
     session_id,
 )
+from edge.inputs import Committed
 from edge.streams import SessionStream, fact_json
 
 MAX_PAGE = 1000
@@ -44,17 +47,8 @@ async def list_sessions(request: Request, caller: Caller) -> Response:
 
 
 async def get_session(request: Request, caller: Caller) -> Response:
-    gateway = gateway_of(request)
-    view = await gateway.session(caller, session_id(request, caller))
-    return JSONResponse(
-        {
-            "id": gateway.public_session_id(view.session_id),
-            "headSeq": view.head_seq,
-            "status": await gateway.status_of(view),
-            "owedInputs": list(view.owed_input_seqs),
-            "latestCompactionSeq": view.latest_compaction_seq,
-        }
-    )
+    info = await gateway_of(request).session_info(caller, session_id(request, caller))
+    return JSONResponse(info.to_json())
 
 
 def _committed(committed: Committed) -> Response:
@@ -64,22 +58,22 @@ def _committed(committed: Committed) -> Response:
 
 async def post_input(request: Request, caller: Caller) -> Response:
     body = await json_body(request, {"text", "requestId", "blobs"})
-    committed = await gateway_of(request).commit_input(
-        caller, session_id(request, caller), body, idempotency_key(request)
+    committed = await inputs.commit_input(
+        gateway_of(request), caller, session_id(request, caller), body, idempotency_key(request)
     )
     return _committed(committed)
 
 
 async def retry_input(request: Request, caller: Caller) -> Response:
     body = await json_body(request, {"seq", "requestId"})
-    committed = await gateway_of(request).retry(
-        caller, session_id(request, caller), body, idempotency_key(request)
+    committed = await inputs.retry(
+        gateway_of(request), caller, session_id(request, caller), body, idempotency_key(request)
     )
     return _committed(committed)
 
 
 async def cancel(request: Request, caller: Caller) -> Response:
-    seq = await gateway_of(request).cancel(caller, session_id(request, caller))
+    seq = await inputs.cancel(gateway_of(request), caller, session_id(request, caller))
     if seq is None:
         return JSONResponse({"cancelled": False})
     return JSONResponse({"seq": seq, "cancelled": True}, status_code=202)
@@ -88,7 +82,6 @@ async def cancel(request: Request, caller: Caller) -> Response:
 async def events(request: Request, caller: Caller) -> Response:
     gateway = gateway_of(request)
     ledger_id = session_id(request, caller)
-    view = await gateway.session(caller, ledger_id)
     page_format = request.query_params.get("format") or None
     if page_format not in (None, "json"):
         raise BadRequest("format must be json (a page of facts), or absent for SSE")
@@ -99,10 +92,7 @@ async def events(request: Request, caller: Caller) -> Response:
         after = int(cursor_header)
     else:
         after = int_param(request, "after", 0)
-    if after > view.head_seq:
-        # A cursor from the future would silently skip facts until the
-        # session caught up with it: refuse it instead.
-        raise BadRequest(f"cursor {after} is beyond the session's head {view.head_seq}")
+    await gateway.check_cursor(caller, ledger_id, after)
     if page_format == "json":
         limit = min(int_param(request, "limit", DEFAULT_PAGE, minimum=1), MAX_PAGE)
         facts, head = await gateway.ledger.read(ledger_id, after, limit)

@@ -42,13 +42,28 @@ class KeelError(Exception):
         self.metadata = {k: str(v) for k, v in metadata.items()}
 
     def to_status(self) -> grpc.Status:
-        info = error_details_pb2.ErrorInfo(
-            reason=self.reason, domain=ERROR_DOMAIN, metadata=self.metadata
-        )
-        detail = any_pb2.Any()
-        detail.Pack(info)
-        status = status_pb2.Status(code=self.code.value[0], message=self.message, details=[detail])
-        return rpc_status.to_status(status)
+        return rich_status(self.code, self.reason, self.message, self.metadata)
+
+
+def rich_status(
+    code: grpc.StatusCode,
+    reason: str,
+    message: str,
+    metadata: Mapping[str, str],
+    retry_after_ms: int = 0,
+) -> grpc.Status:
+    """A status with its ErrorInfo detail (and RetryInfo when the caller
+    should come back after `retry_after_ms`), as every Keel server sends it."""
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata)
+    details = [any_pb2.Any()]
+    details[0].Pack(info)
+    if retry_after_ms > 0:
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromMilliseconds(retry_after_ms)
+        details.append(any_pb2.Any())
+        details[1].Pack(retry)
+    status = status_pb2.Status(code=code.value[0], message=message, details=details)
+    return rpc_status.to_status(status)
 
 
 class InternalError(KeelError):

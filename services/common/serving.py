@@ -25,7 +25,7 @@ from services.common.config import Settings
 log = logging.getLogger("keel.serving")
 
 TOKEN_HEADER = "x-keel-token"
-STREAMING_METHODS = ("Subscribe", "WatchSession", "Attach", "Watch")
+STREAMING_METHODS = ("Subscribe", "WatchSession", "Attach", "Watch", "StreamEvents")
 # Large enough for the biggest fact plus framing; the ledger enforces its own
 # per-fact limit with a clear error before this one is reached.
 MAX_MESSAGE_BYTES = 16 << 20
@@ -120,13 +120,15 @@ def _traced_methods() -> Any:
 
 
 async def serve_services(
-    services: Sequence[GrpcService], address: str, settings: Settings
+    services: Sequence[GrpcService], address: str, settings: Settings, *, public: bool = False
 ) -> RunningServer:
-    """Starts one aio server hosting `services` on `address` ("host:port")."""
+    """Starts one aio server hosting `services` on `address` ("host:port").
+    A `public` server's callers hold API keys, which its services check, not
+    the internal token."""
     interceptors: list[Any] = []
     if settings.tracing:
         interceptors.append(aio_server_interceptor(filter_=_traced_methods()))
-    if settings.internal_token:
+    if settings.internal_token and not public:
         interceptors.insert(0, _TokenInterceptor(settings.internal_token))
     server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
     health = HealthServicer()

@@ -1,12 +1,13 @@
 """A real edge over real HTTP, on PostgreSQL, for the edge's end-to-end tests.
 
 `stack` is an in-process ledger and kernel (tests/runner/cluster.py), a
-compaction server (the edge's /context), an EdgeServer on 127.0.0.1:0 and an
-httpx client carrying the key of tenant "default" that `keel up` prints: its
-admin and an operator. A runner is added only where a test asks for one: in
-process (`runner` fixture) or as an OS process (`stack.cluster.start_runner`)
-when the test SIGKILLs it. Nothing of ours is mocked; waits poll with a
-deadline or wait for SSE frames, never sleep.
+compaction server (the edge's /context), an EdgeServer on 127.0.0.1:0 (its
+gRPC API on another free port) and an httpx client carrying the key of
+tenant "default" that `keel up` prints: its admin and an operator. A runner
+is added only where a test asks for one: in process (`runner` fixture) or as
+an OS process (`stack.cluster.start_runner`) when the test SIGKILLs it.
+Nothing of ours is mocked; waits poll with a deadline or wait for SSE
+frames, never sleep.
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ class Stack:
     @property
     def url(self) -> str:
         return self.edge.url
+
+    @property
+    def grpc_address(self) -> str:
+        """host:port of the edge's public gRPC API (keel.sessions.v1)."""
+        assert self.edge.grpc_address is not None
+        return self.edge.grpc_address
 
     async def new_session(self, session_id: str | None = None) -> str:
         body = {"id": session_id} if session_id else {}
@@ -122,6 +129,7 @@ async def stack(pg_settings: Settings) -> AsyncIterator[Stack]:
                 cluster.kernel_server.target,
                 compaction.target,
                 drain_retry_after_ms=250,
+                grpc_port=0,
             ),
         ).start()
         http = httpx.AsyncClient(

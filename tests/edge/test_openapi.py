@@ -250,6 +250,40 @@ async def test_real_responses_conform_to_the_document(stack: Stack, runner: Runn
         check(drain, await http.post(drain, json={"runtimeId": "no-such-runner"}))
         assert not stack.gateway.draining.is_set()
 
+        # -- loadout, tenants and keys
+        loadout = "/v1/loadout"
+        check(loadout, await http.get(loadout))
+        check(loadout, await plain.get(loadout))  # 403
+        document = {"systemPrompt": "Be brief.", "model": {"provider": "scripted"}}
+        stored = await http.put(loadout, json=document)
+        check(loadout, stored)
+        revision = stored.json()["revision"]
+        check(loadout, await http.put(loadout, json={"model": {"provider": "nope"}}))
+        check(loadout, await http.put(loadout, json=document, headers={"If-Match": "999"}))
+        check(loadout, await http.put(loadout, content=huge))
+        check(loadout, await plain.put(loadout, json=document))
+        check(loadout, await http.put(loadout, json=document, headers={"If-Match": str(revision)}))
+        tenants = "/v1/tenants"
+        check(tenants, await http.get(tenants))
+        check(tenants, await admin_only.get(tenants))  # 403
+        check(tenants, await http.post(tenants, json={"id": "acme", "name": "Acme"}))
+        check(tenants, await http.post(tenants, json={"id": "acme"}))  # 200: existed
+        check(tenants, await http.post(tenants, json={"id": "a:b"}))
+        check(tenants, await plain.post(tenants, json={"id": "other"}))
+        keys = "/v1/keys"
+        created = await http.post(keys, json={"tenant": "acme", "admin": True})
+        check(keys, created)
+        check(keys, await http.post(keys, json={"tenant": "nobody"}))
+        check(keys, await http.post(keys, json={"admin": 1}))
+        check(keys, await admin_only.post(keys, json={"operator": True}))
+        check(keys, await http.get(keys))
+        check(keys, await http.get(keys, params={"tenant": "nobody"}))
+        check(keys, await plain.get(keys))
+        one_key = "/v1/keys/{keyId}"
+        check(one_key, await admin_only.delete(f"/v1/keys/{created.json()['id']}"))  # 404
+        check(one_key, await plain.delete("/v1/keys/key_nope"))  # 403
+        check(one_key, await http.delete(f"/v1/keys/{created.json()['id']}"))
+
         # -- what needs no key
         for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/"):
             check(path, await anonymous.get(path))

@@ -1,0 +1,118 @@
+"""Who is calling: API keys to callers, cached, and dropped when revoked.
+
+The edge asks the kernel once per key and caches the answer for
+AUTH_CACHE_S, so a request does not cost a kernel call. A revoked key must
+not live on in that cache: every edge follows the kernel's key revocations
+(WatchRevocations) and drops a revoked key's caller as soon as the kernel
+reports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from edge.errors import Forbidden, Unauthorized, from_service_error
+from kernel import InvalidApiKey, KernelClient
+from kernel.tenancy import hash_key
+from services.common.errors import KeelError
+
+log = logging.getLogger("keel.edge.auth")
+
+AUTH_CACHE_S = 30.0
+# Reconnect delays of the revocation watch after the kernel went away.
+REVOCATION_RETRY_FIRST_S = 0.05
+REVOCATION_RETRY_MAX_S = 2.0
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request: acting for `tenant_id`; an admin manages that
+    tenant, an operator runs the deployment (every tenant's runtimes)."""
+
+    tenant_id: str
+    admin: bool
+    operator: bool = False
+
+
+class Authenticator:
+    """API keys to callers for one edge (see the module docstring)."""
+
+    def __init__(self, kernel: KernelClient, name: str) -> None:
+        self._kernel = kernel
+        self._name = name
+        # Callers by the SHA-256 of their key: what a revocation names, so the
+        # kernel's WatchRevocations can drop one at once (follow_revocations).
+        self._keys: dict[str, tuple[float, Caller]] = {}
+        # Counts revocations seen: an authentication that overlapped one is
+        # answered but not cached, as it may be of the key just revoked.
+        self._revocations_seen = 0
+        self._last_revocation_id = 0
+        self._revocation_watch: asyncio.Task[None] | None = None
+
+    async def close(self) -> None:
+        if self._revocation_watch is not None:
+            self._revocation_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._revocation_watch
+
+    async def authenticate(self, key: str) -> Caller:
+        if not key:
+            raise Unauthorized("missing API key: send Authorization: Bearer <key>")
+        digest = hash_key(key)
+        cached = self._keys.get(digest)
+        if cached is not None and cached[0] > time.monotonic():
+            return cached[1]
+        seen = self._revocations_seen
+        try:
+            grant = await self._kernel.authenticate(key)
+        except InvalidApiKey:
+            raise Unauthorized("unknown or revoked API key") from None
+        except KeelError as error:
+            raise from_service_error(error) from None
+        caller = Caller(grant.tenant_id, grant.admin, grant.operator)
+        if self._revocations_seen == seen:
+            self._keys[digest] = (time.monotonic() + AUTH_CACHE_S, caller)
+        return caller
+
+    def follow_revocations(self) -> None:
+        """Starts following the kernel's key revocations (needs a running
+        loop): a revoked key's cached caller is dropped as soon as the kernel
+        reports it, on every edge, rather than trusted until AUTH_CACHE_S."""
+        if self._revocation_watch is None or self._revocation_watch.done():
+            self._revocation_watch = asyncio.get_running_loop().create_task(
+                self._follow_revocations(), name=f"{self._name}-revocations"
+            )
+
+    async def _follow_revocations(self) -> None:
+        delay = REVOCATION_RETRY_FIRST_S
+        while True:
+            try:
+                # From the last id seen: revocations made while the kernel
+                # was away come first, as its backlog.
+                async for revoked in self._kernel.watch_revocations(self._last_revocation_id):
+                    self._revocations_seen += 1
+                    self._keys.pop(revoked.key_hash, None)
+                    self._last_revocation_id = revoked.revocation_id
+                    delay = REVOCATION_RETRY_FIRST_S
+            except KeelError as error:
+                log.info("key revocation watch interrupted: %s", error.message)
+            except Exception:
+                # Never let a bug stop the following: retry with backoff.
+                log.exception("key revocation watch failed")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, REVOCATION_RETRY_MAX_S)
+
+
+def require_admin(caller: Caller) -> None:
+    if not caller.admin:
+        raise Forbidden("this endpoint needs an admin key")
+
+
+def require_operator(caller: Caller) -> None:
+    # A tenant's admin must not stop runtimes every other tenant runs on.
+    if not caller.operator:
+        raise Forbidden("this endpoint needs an operator key")

@@ -1,0 +1,348 @@
+"""The public gRPC API of SPEC §11, keel.sessions.v1.SessionService.
+
+A second front door onto the same gateway operations the HTTP routes call
+(edge/gateway.py, edge/admin_ops.py): each RPC authenticates the
+`authorization: Bearer <key>` metadata, turns the request into the
+operation's arguments, calls it, and turns the result into the response.
+Decisions (who may do what, what is valid, what a cursor may be) live in the
+gateway, so both doors answer alike.
+
+Errors are the edge's own (`EdgeError`, and a service's `KeelError` through
+`from_service_error`, the same mapping the HTTP API uses): each names its gRPC
+code, its `ErrorInfo.reason` and metadata (the refused `field`, ...);
+UNAVAILABLE also carries a RetryInfo.
+
+StreamEvents follows the session through the fan-out the SSE stream uses
+(edge/fanout.py): facts after `after_seq`, backlog then live, with the
+owner's partials and status changes, and a `Drain` before the stream ends
+when the edge drains.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from edge import admin_ops, inputs
+from edge.auth import Caller
+from edge.errors import BadRequest, EdgeError, from_service_error
+from edge.fanout import Drain, Live
+from edge.gateway import DEFAULT_SESSION_PAGE, Gateway, SessionInfo
+from edge.inputs import Committed
+from edge.streams import CLIENT_STATES
+from keel.sessions.v1 import sessions_pb2 as pb
+from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
+from services.common.errors import KeelError, rich_status
+from services.common.serving import GrpcService
+from services.ledger import CommittedFact
+from services.runner.hub import Partial, StatusChange
+
+log = logging.getLogger("keel.edge.grpc")
+
+SERVICE_NAME = "keel.sessions.v1.SessionService"
+# How long a caller told UNAVAILABLE should wait before trying again.
+UNAVAILABLE_RETRY_MS = 1000
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def status_of(error: EdgeError) -> grpc.Status:
+    """The gRPC status of an edge refusal: code, message, ErrorInfo (and
+    RetryInfo when the caller may come back)."""
+    retry = UNAVAILABLE_RETRY_MS if error.grpc_code == grpc.StatusCode.UNAVAILABLE else 0
+    return rich_status(error.grpc_code, error.reason, error.message, error.metadata, retry)
+
+
+def _edge_error(error: Exception) -> EdgeError | None:
+    if isinstance(error, EdgeError):
+        return error
+    if isinstance(error, KeelError):
+        return from_service_error(error)
+    return None
+
+
+async def _abort(context: Any, error: Exception, rpc: str) -> None:
+    refusal = _edge_error(error)
+    if refusal is None:
+        # A bug: the caller learns no more than HTTP's 500 would say.
+        log.error("unexpected error in %s", rpc, exc_info=error)
+        refusal = EdgeError("internal error; see the edge's log")
+    elif refusal.grpc_code == grpc.StatusCode.UNAVAILABLE:
+        log.warning("%s: %s (%s)", rpc, refusal.message, refusal.reason)
+    await context.abort_with_status(status_of(refusal))
+
+
+Unary = TypeVar("Unary", bound=Callable[..., Awaitable[Any]])
+Streaming = TypeVar("Streaming", bound=Callable[..., AsyncIterator[Any]])
+
+
+def _unary(method: Unary) -> Unary:
+    @functools.wraps(method)
+    async def wrapper(self: SessionServicer, request: Any, context: Any) -> Any:
+        try:
+            return await method(self, request, context)
+        except Exception as error:
+            await _abort(context, error, method.__name__)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _streaming(method: Streaming) -> Streaming:
+    @functools.wraps(method)
+    async def wrapper(self: SessionServicer, request: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            async for item in method(self, request, context):
+                yield item
+        except Exception as error:
+            await _abort(context, error, method.__name__)
+
+    return wrapper  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------ messages
+
+
+def fact_pb(fact: CommittedFact) -> pb.Fact:
+    return pb.Fact(
+        seq=fact.seq,
+        kind=fact.kind,
+        timestamp_ms=fact.timestamp_ms,
+        epoch=fact.epoch,
+        data_json=_json(fact.data),
+    )
+
+
+def event_pb(item: Live) -> pb.StreamEventsResponse | None:
+    """One item of the fan-out as a stream event (None: not shown to clients)."""
+    if isinstance(item, CommittedFact):
+        return pb.StreamEventsResponse(fact=fact_pb(item))
+    if isinstance(item, Partial):
+        delta = pb.Delta(
+            generation_id=item.generation_id,
+            epoch=item.epoch,
+            attempt_id=item.attempt_id,
+            channel=item.channel,
+            text=item.text,
+            tool_call_id=item.tool_call_id,
+            tool_name=item.tool_name,
+        )
+        return pb.StreamEventsResponse(delta=delta)
+    if isinstance(item, StatusChange) and item.state in CLIENT_STATES:
+        return pb.StreamEventsResponse(status=pb.Status(state=item.state, epoch=item.epoch))
+    return None
+
+
+class _ConvertedOnce:
+    """The message of a broadcast item, built once for all its streams.
+
+    The fan-out hands the same object to every client of a session (as for
+    SSE, edge/streams.py): keyed on the object, held so its id cannot be
+    reused, a fact's JSON is encoded once however many clients follow it.
+    """
+
+    def __init__(self, size: int = 256) -> None:
+        self._size = size
+        self._cache: OrderedDict[int, tuple[object, pb.StreamEventsResponse | None]] = OrderedDict()
+
+    def __call__(self, item: Live) -> pb.StreamEventsResponse | None:
+        hit = self._cache.get(id(item))
+        if hit is not None and hit[0] is item:
+            return hit[1]
+        message = event_pb(item)
+        self._cache[id(item)] = (item, message)
+        if len(self._cache) > self._size:
+            self._cache.popitem(last=False)
+        return message
+
+
+convert_once = _ConvertedOnce()
+
+
+def _session_pb(info: SessionInfo) -> pb.GetSessionResponse:
+    return pb.GetSessionResponse(
+        session_id=info.session_id,
+        head_seq=info.head_seq,
+        status=info.status,
+        owed_input_seqs=info.owed_input_seqs,
+        latest_compaction_seq=info.latest_compaction_seq,
+    )
+
+
+def _optional(value: str) -> str | None:
+    """proto3 has no absent string: empty means not given."""
+    return value or None
+
+
+def bearer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if (
+            key == "authorization"
+            and isinstance(value, str)
+            and value.lower().startswith("bearer ")
+        ):
+            return value[7:].strip()
+    return ""
+
+
+# ------------------------------------------------------------------ service
+
+
+class SessionServicer(pb_grpc.SessionServiceServicer):
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    async def _caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> Caller:
+        return await self._gateway.auth.authenticate(bearer(context))
+
+    async def _session(
+        self, context: grpc.aio.ServicerContext[Any, Any], session_id: str
+    ) -> tuple[Caller, str]:
+        """The caller and the ledger's id of the caller's `session_id`."""
+        caller = await self._caller(context)
+        return caller, self._gateway.ledger_session_id(caller, session_id)
+
+    @_unary
+    async def CreateSession(
+        self, request: pb.CreateSessionRequest, context: Any
+    ) -> pb.CreateSessionResponse:
+        caller = await self._caller(context)
+        created = await self._gateway.create_session(caller, _optional(request.session_id))
+        return pb.CreateSessionResponse(session_id=created)
+
+    @_unary
+    async def GetSession(
+        self, request: pb.GetSessionRequest, context: Any
+    ) -> pb.GetSessionResponse:
+        caller, session_id = await self._session(context, request.session_id)
+        return _session_pb(await self._gateway.session_info(caller, session_id))
+
+    @_unary
+    async def ListSessions(
+        self, request: pb.ListSessionsRequest, context: Any
+    ) -> pb.ListSessionsResponse:
+        caller = await self._caller(context)
+        if request.page_size < 0:
+            raise BadRequest("page_size must be >= 0", field="page_size")
+        sessions, following = await self._gateway.list_sessions(
+            caller, _optional(request.page_token), request.page_size or DEFAULT_SESSION_PAGE
+        )
+        return pb.ListSessionsResponse(
+            sessions=[
+                pb.SessionSummary(session_id=s["id"], head_seq=s["headSeq"]) for s in sessions
+            ],
+            next_page_token=following or "",
+        )
+
+    @_unary
+    async def SendInput(self, request: pb.SendInputRequest, context: Any) -> pb.SendInputResponse:
+        caller, session_id = await self._session(context, request.session_id)
+        body: dict[str, Any] = {"text": request.text}
+        if request.request_id:
+            body["requestId"] = request.request_id
+        if request.blob_ids:
+            body["blobs"] = list(request.blob_ids)
+        committed = await inputs.commit_input(self._gateway, caller, session_id, body)
+        return pb.SendInputResponse(**_committed(committed))
+
+    @_unary
+    async def Retry(self, request: pb.RetryRequest, context: Any) -> pb.RetryResponse:
+        caller, session_id = await self._session(context, request.session_id)
+        body: dict[str, Any] = {"seq": request.seq}
+        if request.request_id:
+            body["requestId"] = request.request_id
+        committed = await inputs.retry(self._gateway, caller, session_id, body)
+        return pb.RetryResponse(**_committed(committed))
+
+    @_unary
+    async def Cancel(self, request: pb.CancelRequest, context: Any) -> pb.CancelResponse:
+        caller, session_id = await self._session(context, request.session_id)
+        seq = await inputs.cancel(self._gateway, caller, session_id)
+        return pb.CancelResponse(cancelled=seq is not None, seq=seq or 0)
+
+    @_streaming
+    async def StreamEvents(
+        self, request: pb.StreamEventsRequest, context: Any
+    ) -> AsyncIterator[pb.StreamEventsResponse]:
+        caller, session_id = await self._session(context, request.session_id)
+        await self._gateway.check_cursor(caller, session_id, request.after_seq)
+        # Headers now, as HTTP's 200: the caller knows the stream is accepted
+        # before the session has anything to send.
+        await context.send_initial_metadata(())
+        follow = self._gateway.fanout.follow(session_id, request.after_seq)
+        try:
+            async for batch in follow:
+                for item in batch:
+                    event = convert_once(item)
+                    if event is not None:
+                        yield event
+                if isinstance(batch[-1], Drain):
+                    retry = self._gateway.config.drain_retry_after_ms
+                    yield pb.StreamEventsResponse(drain=pb.Drain(retry_after_ms=retry))
+                    return
+        finally:
+            await follow.aclose()
+
+    @_unary
+    async def GetContext(
+        self, request: pb.GetContextRequest, context: Any
+    ) -> pb.GetContextResponse:
+        caller, session_id = await self._session(context, request.session_id)
+        # 0 is proto3's "not given": the head, as an absent `at` over HTTP.
+        at = request.at_seq if request.at_seq != 0 else None
+        built = await self._gateway.context(caller, session_id, at)
+        return pb.GetContextResponse(
+            at_seq=built["at"],
+            system_prompt=built["systemPrompt"],
+            messages_json=_json(built["messages"]),
+            compaction_seq=built["compactionSeq"],
+            loadout_revision=built["loadoutRevision"],
+            watermark=built["watermark"],
+            estimated_tokens=built["estimatedTokens"],
+        )
+
+    @_unary
+    async def GetLoadout(
+        self, request: pb.GetLoadoutRequest, context: Any
+    ) -> pb.GetLoadoutResponse:
+        caller = await self._caller(context)
+        revision, document = await admin_ops.get_loadout(self._gateway, caller)
+        return pb.GetLoadoutResponse(revision=revision, document_json=_json(document))
+
+    @_unary
+    async def PutLoadout(
+        self, request: pb.PutLoadoutRequest, context: Any
+    ) -> pb.PutLoadoutResponse:
+        caller = await self._caller(context)
+        try:
+            document = json.loads(request.document_json)
+        except ValueError:
+            raise BadRequest("document_json is not valid JSON", field="document_json") from None
+        revision = await admin_ops.put_loadout(
+            self._gateway, caller, document, request.expected_revision
+        )
+        return pb.PutLoadoutResponse(revision=revision)
+
+
+def _committed(committed: Committed) -> dict[str, Any]:
+    return {
+        "seq": committed.seq,
+        "duplicate": committed.duplicate,
+        "request_id": committed.request_id,
+        "retry_safe": committed.retry_safe,
+    }
+
+
+def session_service(gateway: Gateway) -> GrpcService:
+    servicer = SessionServicer(gateway)
+    return GrpcService(
+        name=SERVICE_NAME,
+        add_to_server=lambda server: pb_grpc.add_SessionServiceServicer_to_server(servicer, server),
+    )

@@ -1,0 +1,145 @@
+"""Inputs: committed to the ledger first (idempotent by requestId), then
+the kernel is woken; retries and cancels, the same operations for the HTTP
+routes and the gRPC API.
+
+A requestId comes from the body, or the `Idempotency-Key` header, or is
+made here; a made one is not retry-safe (the client has nothing to send
+again), and the answer says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from edge.auth import Caller
+from edge.errors import BadRequest, shown
+from edge.gateway import Gateway
+
+MAX_TEXT_CHARS = 256 * 1024
+# What the ledger accepts as a requestId, checked here first so that a refusal
+# quotes no more of a client's value than `shown` allows.
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class Committed:
+    """An input in the ledger, as the client is told of it."""
+
+    seq: int
+    # The requestId had committed this input already (the answer is 200).
+    duplicate: bool
+    request_id: str
+    # False when the edge made the requestId: the client has no id to send
+    # again, so resending the request would commit a second input.
+    retry_safe: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "requestId": self.request_id, "retrySafe": self.retry_safe}
+
+
+def _request_id(body: Mapping[str, Any], idempotency_key: str | None) -> tuple[str, bool]:
+    """The input's requestId (body or Idempotency-Key header, else a new one)
+    and whether the client chose it."""
+    given = body.get("requestId")
+    if given is not None and not isinstance(given, str):
+        raise BadRequest("requestId must be a string", field="requestId")
+    if given is not None and idempotency_key is not None and given != idempotency_key:
+        raise BadRequest(
+            "requestId and the Idempotency-Key header differ; send one of them", field="requestId"
+        )
+    chosen = given if given is not None else idempotency_key
+    if chosen is None:
+        return f"edge-{uuid.uuid4().hex}", False
+    if not _REQUEST_ID.match(chosen):
+        raise BadRequest(
+            "a requestId (or Idempotency-Key) is 1-128 characters of letters, digits, "
+            f"'_.:-', got {shown(chosen)}",
+            field="requestId",
+        )
+    return chosen, True
+
+
+async def commit_input(
+    gateway: Gateway,
+    caller: Caller,
+    session_id: str,
+    body: Mapping[str, Any],
+    idempotency_key: str | None = None,
+) -> Committed:
+    """Commits an input (`text`, `requestId`?, `blobs`?) then wakes the kernel."""
+    await gateway.check_owner(caller, session_id)
+    text = body.get("text")
+    if not isinstance(text, str):
+        raise BadRequest("an input needs text (string)", field="text")
+    if len(text) > MAX_TEXT_CHARS:
+        raise BadRequest(f"text is longer than {MAX_TEXT_CHARS} characters", field="text")
+    request_id, retry_safe = _request_id(body, idempotency_key)
+    data: dict[str, Any] = {"text": text, "requestId": request_id}
+    blobs = body.get("blobs")
+    if blobs is not None:
+        if not isinstance(blobs, list) or not all(isinstance(b, str) for b in blobs):
+            raise BadRequest("blobs must be a list of blob ids", field="blobs")
+        for blob_id in blobs:
+            info = await asyncio.to_thread(gateway.blobs.get, caller.tenant_id, blob_id)
+            if not info.complete:
+                raise BadRequest(f"blob {info.id} is not completely uploaded", field="blobs")
+        data["blobs"] = blobs
+    return await _append_input(gateway, caller, session_id, data, retry_safe)
+
+
+async def retry(
+    gateway: Gateway,
+    caller: Caller,
+    session_id: str,
+    body: Mapping[str, Any],
+    idempotency_key: str | None = None,
+) -> Committed:
+    """Asks input `seq` again: a new input with its text and blobs, and
+    `retryOf`. Deduplicated like any input, so one requestId re-asks once,
+    and a requestId used to retry another seq is a conflict."""
+    await gateway.check_owner(caller, session_id)
+    seq = body.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 < seq < 1 << 63:
+        raise BadRequest("retry needs the seq (positive integer) of an input", field="seq")
+    request_id, retry_safe = _request_id(body, idempotency_key)
+    facts, _ = await gateway.ledger.read(session_id, seq - 1, 1)
+    if not facts or facts[0].seq != seq or facts[0].kind != "input":
+        raise BadRequest(f"seq {seq} is not an input of this session", field="seq")
+    original = facts[0].data
+    data: dict[str, Any] = {"text": original["text"], "requestId": request_id, "retryOf": seq}
+    if original.get("blobs"):
+        data["blobs"] = list(original["blobs"])
+    return await _append_input(gateway, caller, session_id, data, retry_safe)
+
+
+async def _append_input(
+    gateway: Gateway, caller: Caller, session_id: str, data: dict[str, Any], retry_safe: bool
+) -> Committed:
+    appended = await gateway.ledger.append_one(session_id, "input", data)
+    # A duplicate still enqueues: the first attempt to wake may be the
+    # one that was lost, and a spare wake-up is harmless.
+    await gateway.kernel.enqueue(session_id, caller.tenant_id, appended.seq, unpark=True)
+    return Committed(appended.seq, appended.duplicate, data["requestId"], retry_safe)
+
+
+async def cancel(gateway: Gateway, caller: Caller, session_id: str) -> int | None:
+    """Commits a cancel and returns its seq; None when there is nothing to
+    cancel (no owed input, no open tool call, nobody holding the session),
+    so an idle session's history gains no empty cancel."""
+    view = await gateway.session(caller, session_id)
+    # The lease is asked directly, not through owner(): an unreachable
+    # kernel must be a 503, not a claim that nothing runs.
+    if (
+        not view.owed_input_seqs
+        and not view.open_tool_calls
+        and (await gateway.kernel.get_lease(session_id)).lease is None
+    ):
+        return None
+    appended = await gateway.ledger.append_one(session_id, "cancelled", {"reason": "client"})
+    await gateway.kernel.enqueue(session_id, caller.tenant_id)
+    return appended.seq

@@ -1,0 +1,130 @@
+"""Tenant configuration over HTTP: the loadout, tenants and API keys.
+
+Thin: each handler reads the request, calls edge/admin_ops.py (which the
+gRPC front door calls too) and shapes the JSON answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from edge import admin_ops
+from edge.auth import Caller
+from edge.errors import BadRequest
+from edge.http import MAX_BODY_BYTES, api_route, gateway_of, is_count, json_body, read_limited
+
+
+def _etag(revision: int) -> str:
+    return f'"{revision}"'
+
+
+def _if_match(request: Request) -> int:
+    """The revision If-Match names (0: none, the put is unconditional).
+    Accepts the ETag GET /v1/loadout sent (`"3"`) or the bare number."""
+    raw = request.headers.get("if-match")
+    if raw is None or raw.strip() == "":
+        return 0
+    value = raw.strip()
+    if value.startswith("W/"):
+        value = value[2:]
+    value = value.strip('"')
+    if not is_count(value):
+        raise BadRequest('If-Match must be a loadout revision, as GET /v1/loadout\'s ETag ("3")')
+    return int(value)
+
+
+async def _document(request: Request) -> Any:
+    media = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    if media and media != "application/json" and not media.endswith("+json"):
+        raise BadRequest("send the loadout as JSON (Content-Type: application/json)")
+    raw = await read_limited(request, MAX_BODY_BYTES)
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeError, RecursionError):
+        raise BadRequest("the body is not valid JSON") from None
+
+
+async def get_loadout(request: Request, caller: Caller) -> Response:
+    revision, document = await admin_ops.get_loadout(gateway_of(request), caller)
+    return JSONResponse(
+        {"revision": revision, "document": document}, headers={"ETag": _etag(revision)}
+    )
+
+
+async def put_loadout(request: Request, caller: Caller) -> Response:
+    expected = _if_match(request)
+    document = await _document(request)
+    revision = await admin_ops.put_loadout(gateway_of(request), caller, document, expected)
+    return JSONResponse({"revision": revision}, headers={"ETag": _etag(revision)})
+
+
+async def list_tenants(request: Request, caller: Caller) -> Response:
+    tenants = await admin_ops.list_tenants(gateway_of(request), caller)
+    return JSONResponse({"tenants": [t.to_json() for t in tenants]})
+
+
+async def create_tenant(request: Request, caller: Caller) -> Response:
+    body = await json_body(request, {"id", "name"})
+    if "id" not in body:
+        raise BadRequest("id: a new tenant needs an id")
+    name = body.get("name", "")
+    created = await admin_ops.create_tenant(gateway_of(request), caller, body["id"], name)
+    return JSONResponse(
+        {"id": body["id"], "name": name, "created": created}, status_code=201 if created else 200
+    )
+
+
+async def list_keys(request: Request, caller: Caller) -> Response:
+    tenant = request.query_params.get("tenant") or None
+    keys = await admin_ops.list_keys(gateway_of(request), caller, tenant)
+    return JSONResponse({"keys": [k.to_json() for k in keys]})
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise BadRequest(f"{name} must be true or false")
+    return value
+
+
+async def create_key(request: Request, caller: Caller) -> Response:
+    body = await json_body(request, {"tenant", "admin", "operator"})
+    tenant = body.get("tenant")
+    if tenant is not None and not isinstance(tenant, str):
+        raise BadRequest("tenant must be a tenant id (string)")
+    admin, operator = _flag(body, "admin"), _flag(body, "operator")
+    key_id, key = await admin_ops.create_key(
+        gateway_of(request), caller, tenant, admin=admin, operator=operator
+    )
+    return JSONResponse(
+        {
+            "id": key_id,
+            "key": key,
+            "tenant": tenant or caller.tenant_id,
+            "admin": admin,
+            "operator": operator,
+        },
+        status_code=201,
+    )
+
+
+async def revoke_key(request: Request, caller: Caller) -> Response:
+    key_id = request.path_params["keyId"]
+    revoked = await admin_ops.revoke_key(gateway_of(request), caller, key_id)
+    return JSONResponse({"id": key_id, "revoked": revoked})
+
+
+routes: list[Route] = [
+    api_route("/v1/loadout", get_loadout, ["GET"]),
+    api_route("/v1/loadout", put_loadout, ["PUT"]),
+    api_route("/v1/tenants", list_tenants, ["GET"]),
+    api_route("/v1/tenants", create_tenant, ["POST"]),
+    api_route("/v1/keys", list_keys, ["GET"]),
+    api_route("/v1/keys", create_key, ["POST"]),
+    api_route("/v1/keys/{keyId}", revoke_key, ["DELETE"]),
+]
