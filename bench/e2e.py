@@ -1,14 +1,19 @@
 """`keel bench e2e`: what a client of the edge sees, on PostgreSQL.
 
-- `input_to_final_p50_ms` / `_p99_ms`: POST an input, then time until the SSE
-  frame of the final answer arrives (instant scripted model).
-- `sse_1000_clients_p99_ms`: 1000 SSE clients on one edge follow one
-  session; a fact is committed to the ledger and each client's arrival time
-  is measured from the commit.
+- `input_to_final.<transport>.p50_ms` / `p99_ms`: send an input, then time
+  until the final answer's fact arrives on the session's stream (instant
+  scripted model), through each front door measured (`--transport http`,
+  `grpc`, or `both`): HTTP (POST, then the SSE frame) and gRPC (SendInput,
+  then the StreamEvents message). With both, turns alternate between the two
+  doors, so whatever else the machine does weighs on both alike.
+- `sse_1000_clients_p99_ms` (with HTTP): 1000 SSE clients on one edge follow
+  one session; a fact is committed to the ledger and each client's arrival
+  time is measured from the commit.
 
-The turn's client is an asyncio connection with a minimal SSE reader; the
-1000 followers share one epoll loop (bench/followers.py), so the client side
-costs as little as possible on the same 2-core machine.
+The HTTP turn's client is an asyncio connection with a minimal SSE reader,
+the gRPC one the generated stub; the 1000 followers share one epoll loop
+(bench/followers.py), so the client side costs as little as possible on the
+same 2-core machine.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import time
 import uuid
 from typing import Any
 
+import grpc
 import httpx
 import psycopg
 from psycopg import sql
@@ -32,9 +38,13 @@ from psycopg import sql
 from bench.cluster import DEFAULT_URL
 from bench.followers import Followers
 from bench.turns import percentile
+from keel.sessions.v1 import sessions_pb2 as pb
+from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
 
 BENCH_KEY = "keel-bench-key"
 WARMUP_FACTS = 1
+WARMUP_TURNS = 5
+TRANSPORTS = ("http", "grpc")
 
 
 class SseClient:
@@ -76,13 +86,19 @@ class SseClient:
         await self.writer.wait_closed()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct free ports (held open together while they are picked)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
-def _start_keel(url: str, schema: str, port: int) -> subprocess.Popen[str]:
+def _start_keel(url: str, schema: str, port: int, grpc_port: int) -> subprocess.Popen[str]:
     """`keel up` on PostgreSQL as its own process: the edge under test."""
     env = dict(os.environ)
     env.update(
@@ -105,6 +121,8 @@ def _start_keel(url: str, schema: str, port: int) -> subprocess.Popen[str]:
             tempfile.mkdtemp(prefix="keel-bench-"),
             "--http-port",
             str(port),
+            "--grpc-port",
+            str(grpc_port),
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -118,46 +136,135 @@ def _start_keel(url: str, schema: str, port: int) -> subprocess.Popen[str]:
     raise RuntimeError("keel up did not start")
 
 
-async def _run(url: str, port: int, turns: int, clients: int, facts: int) -> dict[str, Any]:
-    latencies: list[float] = []
-    arrivals: list[float] = []
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {BENCH_KEY}"}
-    ) as http:
-        session = (await http.post("/v1/sessions", json={})).json()["id"]
-        stream = await SseClient.open(port, f"/v1/sessions/{session}/events", BENCH_KEY)
-        for turn in range(turns + 5):
-            started = time.perf_counter()
-            response = await http.post(
-                f"/v1/sessions/{session}/inputs",
-                json={"text": f"turn {turn}", "requestId": uuid.uuid4().hex},
-            )
-            seq = response.json()["seq"]
-            while True:
-                kind, data = await stream.next_event()
-                if kind == "assistant" and seq in (data["data"].get("inputSeqs") or ()):
-                    break
-            if turn >= 5:  # the first turns warm connections up
-                latencies.append((time.perf_counter() - started) * 1000)
-        await stream.close()
+class HttpTurns:
+    """Turns through the HTTP API: POST the input, read SSE to the answer."""
 
-        followed = (await http.post("/v1/sessions", json={})).json()["id"]
-    arrivals = await asyncio.to_thread(_time_broadcasts, port, followed, clients, facts)
-    return {
+    def __init__(self, port: int) -> None:
+        self._port = port
+        self._http = httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {BENCH_KEY}"}
+        )
+        self._session = ""
+        self._stream: SseClient | None = None
+
+    async def open(self) -> None:
+        self._session = (await self._http.post("/v1/sessions", json={})).json()["id"]
+        self._stream = await SseClient.open(
+            self._port, f"/v1/sessions/{self._session}/events", BENCH_KEY
+        )
+
+    async def turn(self, text: str) -> None:
+        assert self._stream is not None
+        response = await self._http.post(
+            f"/v1/sessions/{self._session}/inputs",
+            json={"text": text, "requestId": uuid.uuid4().hex},
+        )
+        seq = response.json()["seq"]
+        while True:
+            kind, data = await self._stream.next_event()
+            if kind == "assistant" and seq in (data["data"].get("inputSeqs") or ()):
+                return
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            await self._stream.close()
+        await self._http.aclose()
+
+
+class GrpcTurns:
+    """Turns through keel.sessions.v1: SendInput, read StreamEvents to the answer."""
+
+    def __init__(self, address: str) -> None:
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = pb_grpc.SessionServiceStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {BENCH_KEY}"),)
+        self._session = ""
+        self._stream: Any = None
+
+    async def open(self) -> None:
+        created = await self._stub.CreateSession(pb.CreateSessionRequest(), metadata=self._metadata)
+        self._session = created.session_id
+        self._stream = self._stub.StreamEvents(
+            pb.StreamEventsRequest(session_id=self._session), metadata=self._metadata
+        )
+        await self._stream.initial_metadata()
+
+    async def turn(self, text: str) -> None:
+        sent = await self._stub.SendInput(
+            pb.SendInputRequest(session_id=self._session, text=text, request_id=uuid.uuid4().hex),
+            metadata=self._metadata,
+        )
+        while True:
+            event = await self._stream.read()
+            if event is grpc.aio.EOF:  # type: ignore[attr-defined]
+                raise ConnectionError("the event stream ended")
+            if event.WhichOneof("event") != "fact" or event.fact.kind != "assistant":
+                continue
+            if sent.seq in (json.loads(event.fact.data_json).get("inputSeqs") or ()):
+                return
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+        await self._channel.close(None)
+
+
+async def _time_turns(
+    port: int, grpc_address: str, turns: int, transports: tuple[str, ...]
+) -> dict[str, list[float]]:
+    """Input -> final answer, per transport, turns alternating between them."""
+    doors = {
+        name: HttpTurns(port) if name == "http" else GrpcTurns(grpc_address) for name in transports
+    }
+    latencies: dict[str, list[float]] = {name: [] for name in transports}
+    try:
+        for door in doors.values():
+            await door.open()
+        for turn in range(turns + WARMUP_TURNS):
+            for name, door in doors.items():
+                started = time.perf_counter()
+                await door.turn(f"turn {turn}")
+                if turn >= WARMUP_TURNS:  # the first turns warm connections up
+                    latencies[name].append((time.perf_counter() - started) * 1000)
+    finally:
+        for door in doors.values():
+            await door.close()
+    return latencies
+
+
+async def _run(
+    port: int, grpc_port: int, turns: int, clients: int, facts: int, transports: tuple[str, ...]
+) -> dict[str, Any]:
+    latencies = await _time_turns(port, f"127.0.0.1:{grpc_port}", turns, transports)
+    result: dict[str, Any] = {
         "benchmark": "e2e",
         "database": "postgresql",
         "edge": "keel up (one process) on PostgreSQL; clients in another process",
-        "input_to_final_p50_ms": round(statistics.median(latencies), 2),
-        "input_to_final_p99_ms": round(percentile(latencies, 0.99), 2),
-        "sse_clients": clients,
-        "sse_1000_clients_p50_ms": round(statistics.median(arrivals), 2),
-        "sse_1000_clients_p99_ms": round(percentile(arrivals, 0.99), 2),
+        "transports": list(transports),
+        "turns": turns,
+        "input_to_final": {
+            name: {
+                "p50_ms": round(statistics.median(values), 2),
+                "p99_ms": round(percentile(values, 0.99), 2),
+            }
+            for name, values in latencies.items()
+        },
         "targets": {
             "input_to_final_p50_ms": 20,
             "input_to_final_p99_ms": 60,
             "sse_1000_clients_p99_ms": 50,
         },
     }
+    if "http" in transports:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {BENCH_KEY}"}
+        ) as http:
+            followed = (await http.post("/v1/sessions", json={})).json()["id"]
+        arrivals = await asyncio.to_thread(_time_broadcasts, port, followed, clients, facts)
+        result["sse_clients"] = clients
+        result["sse_1000_clients_p50_ms"] = round(statistics.median(arrivals), 2)
+        result["sse_1000_clients_p99_ms"] = round(percentile(arrivals, 0.99), 2)
+    return result
 
 
 def _time_broadcasts(port: int, session: str, clients: int, facts: int) -> list[float]:
@@ -183,15 +290,29 @@ def _time_broadcasts(port: int, session: str, clients: int, facts: int) -> list[
     return arrivals
 
 
+def transports_of(choice: str) -> tuple[str, ...]:
+    """`--transport`: http, grpc or both."""
+    if choice == "both":
+        return TRANSPORTS
+    if choice not in TRANSPORTS:
+        raise ValueError(f"transport must be http, grpc or both, got {choice!r}")
+    return (choice,)
+
+
 def measure(
-    database_url: str | None = None, turns: int = 100, clients: int = 1000, facts: int = 10
+    database_url: str | None = None,
+    turns: int = 100,
+    clients: int = 1000,
+    facts: int = 10,
+    transport: str = "both",
 ) -> dict[str, Any]:
+    transports = transports_of(transport)
     url = database_url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL
     schema = f"keel_bench_{uuid.uuid4().hex[:8]}"
-    port = _free_port()
-    proc = _start_keel(url, schema, port)
+    port, grpc_port = _free_ports(2)
+    proc = _start_keel(url, schema, port, grpc_port)
     try:
-        return asyncio.run(_run(url, port, turns, clients, facts))
+        return asyncio.run(_run(port, grpc_port, turns, clients, facts, transports))
     finally:
         proc.terminate()
         try:

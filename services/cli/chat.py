@@ -334,6 +334,11 @@ async def run_chat(
         except ChatError as error:
             console.print(Text(f"keel chat: {error}", style="bold red"))
             raise SystemExit(1) from None
+        except httpx.ConnectError:
+            console.print(
+                Text(f"keel: no Keel at {base_url} — is `keel up` running?", style="bold red")
+            )
+            raise SystemExit(1) from None
         except (httpx.TransportError, _Retryable) as error:
             console.print(Text(f"keel chat: cannot reach {base_url}: {error}", style="bold red"))
             raise SystemExit(1) from None

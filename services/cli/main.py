@@ -2,6 +2,8 @@
 
 keel up                    every service in one process (SQLite, offline model, web page)
 keel ledger|kernel|…       one service in this process
+keel chat|status|drain     clients of the edge (they find a running `keel up` by themselves)
+keel loadout|tenants|keys  a tenant's configuration, through the edge
 keel bench ledger|…        a benchmark; prints one JSON object
 """
 
@@ -18,6 +20,8 @@ from typing import Annotated, Any
 
 import typer
 
+from services.cli.admin import Edge, keys_app, loadout_app, tenants_app
+from services.cli.discovery import require_key, resolve_url
 from services.common import telemetry
 from services.common.config import Settings
 from services.common.heap import settle_heap
@@ -30,12 +34,19 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(help="Benchmarks. Each prints one JSON object.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+app.add_typer(loadout_app, name="loadout")
+app.add_typer(tenants_app, name="tenants")
+app.add_typer(keys_app, name="keys")
 
 DatabaseUrl = Annotated[
     str | None,
     typer.Option("--database-url", envvar="KEEL_DATABASE_URL", help="PostgreSQL URL"),
 ]
 Address = Annotated[str, typer.Option("--address", help="host:port to listen on")]
+GrpcPort = Annotated[
+    int,
+    typer.Option("--grpc-port", min=0, help="port of the public gRPC API (0: any free port)"),
+]
 
 
 def _settings(database_url: str | None = None) -> Settings:
@@ -113,14 +124,15 @@ def edge(
     ] = "127.0.0.1:7103",
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     http_port: Annotated[int, typer.Option("--http-port")] = 8080,
+    grpc_port: GrpcPort = 8081,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Run the edge gateway (HTTP API, SSE, blobs, the web page)."""
+    """Run the edge gateway (HTTP API, SSE, blobs, the web page, the gRPC API)."""
     from edge.gateway import EdgeConfig
     from edge.server import run_edge
 
     settings = _settings(database_url)
-    config = EdgeConfig(ledger, kernel, compaction)
+    config = EdgeConfig(ledger, kernel, compaction, grpc_port=grpc_port)
     _serve("edge", settings, run_edge(settings, config, host, http_port))
 
 
@@ -131,20 +143,43 @@ def up(
     ] = None,
     database_url: DatabaseUrl = None,
     http_port: Annotated[int, typer.Option("--http-port")] = 8080,
+    grpc_port: GrpcPort = 8081,
     processes: Annotated[
         bool, typer.Option("--processes", help="each service as its own OS process")
     ] = False,
     runners: Annotated[int, typer.Option("--runners", help="runner processes")] = 1,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="the default tenant's model, e.g. openai:gpt-4.1-mini or anthropic:<name> "
+            "(key from OPENAI_API_KEY / ANTHROPIC_API_KEY)",
+        ),
+    ] = None,
 ) -> None:
     """Start everything: ledger, kernel, runner, compaction, edge and the web page."""
-    from services.cli.up import Supervisor, UpOptions, data_dir_settings, up_embedded
+    from services.cli.discovery import USAGE_EXIT, fail
+    from services.cli.up import (
+        ModelChoiceError,
+        Supervisor,
+        UpOptions,
+        data_dir_settings,
+        model_from_flag,
+        up_embedded,
+    )
 
+    try:
+        chosen_model = model_from_flag(model) if model else None
+    except ModelChoiceError as error:
+        fail(f"keel: {error}", USAGE_EXIT)
     settings = data_dir_settings(_settings(database_url), data_dir)
     options = UpOptions(
         http_port=http_port,
+        grpc_port=grpc_port,
         processes=processes,
         runners=runners,
         dev_key=os.environ.get("KEEL_DEV_KEY", ""),
+        model=chosen_model,
     )
     telemetry.configure("up", settings)
     main_coro = Supervisor(settings, options).run() if processes else up_embedded(settings, options)
@@ -153,21 +188,30 @@ def up(
         asyncio.run(main_coro)
 
 
-BaseUrl = Annotated[str, typer.Option("--url", envvar="KEEL_URL", help="edge URL")]
-Key = Annotated[str, typer.Option("--key", envvar="KEEL_KEY", help="API key")]
+BaseUrl = Annotated[
+    str | None,
+    typer.Option("--url", help="edge URL (default: KEEL_URL, else the running `keel up`)"),
+]
+ClientDataDir = Annotated[
+    Path | None,
+    typer.Option("--data-dir", help="where `keel up` runs (default $KEEL_DATA_DIR or ./.keel)"),
+]
+Key = Annotated[str | None, typer.Option("--key", help="API key (default: KEEL_API_KEY)")]
 
 
 @app.command()
 def chat(
     session: Annotated[str | None, typer.Option("--session", help="session id")] = None,
-    url: BaseUrl = "http://127.0.0.1:8080",
-    key: Key = "",
+    url: BaseUrl = None,
+    data_dir: ClientDataDir = None,
+    key: Key = None,
 ) -> None:
     """Chat with a session in the terminal; resumes after disconnects."""
     from services.cli.chat import run_chat
 
+    api_key = require_key(key)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_chat(url, key or os.environ.get("KEEL_DEV_KEY", ""), session))
+        asyncio.run(run_chat(resolve_url(url, data_dir), api_key, session))
 
 
 @app.command()
@@ -175,39 +219,26 @@ def drain(
     mode: Annotated[str, typer.Option("--mode", help="handoff or shutdown")] = "handoff",
     deadline_ms: Annotated[int, typer.Option("--deadline-ms")] = 30_000,
     runtime_id: Annotated[str | None, typer.Option("--runtime-id")] = None,
-    url: BaseUrl = "http://127.0.0.1:8080",
-    key: Key = "",
+    url: BaseUrl = None,
+    data_dir: ClientDataDir = None,
+    key: Key = None,
 ) -> None:
     """Drain a runtime through the edge (operator key)."""
-    import httpx
-
     body: dict[str, Any] = {"mode": mode, "deadlineMs": deadline_ms}
     if runtime_id:
         body["runtimeId"] = runtime_id
-    response = httpx.post(
-        f"{url}/v1/runtime/drain",
-        json=body,
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=deadline_ms / 1000 + 10,
-    )
+    edge = Edge(url, data_dir, key)
+    response = edge.call("POST", "/v1/runtime/drain", json=body, timeout=deadline_ms / 1000 + 10)
     print(response.text)
-    raise typer.Exit(0 if response.is_success else 1)
 
 
 @app.command()
-def status(url: BaseUrl = "http://127.0.0.1:8080", key: Key = "") -> None:
+def status(url: BaseUrl = None, data_dir: ClientDataDir = None, key: Key = None) -> None:
     """Every runtime's state (admin key: your tenant's sessions; operator key: all)."""
-    import httpx
     from rich.console import Console
     from rich.table import Table
 
-    response = httpx.get(
-        f"{url}/v1/runtime/status", headers={"Authorization": f"Bearer {key}"}, timeout=10
-    )
-    if not response.is_success:
-        print(response.text)
-        raise typer.Exit(1)
-    runtimes = response.json()["runtimes"]
+    runtimes = Edge(url, data_dir, key).json("GET", "/v1/runtime/status")["runtimes"]
     # Only operators are told where runtimes run and whose sessions they hold.
     operator = any("pid" in runtime for runtime in runtimes)
     columns = ["runtime", "role", "drain", "claiming", "in flight", "sessions"]
@@ -227,57 +258,6 @@ def status(url: BaseUrl = "http://127.0.0.1:8080", key: Key = "") -> None:
             sessions,
         )
     Console().print(table)
-
-
-tenants_app = typer.Typer(help="Tenants.", no_args_is_help=True)
-keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
-app.add_typer(tenants_app, name="tenants")
-app.add_typer(keys_app, name="keys")
-KernelAddress = Annotated[str, typer.Option("--kernel", help="kernel address")]
-
-
-@tenants_app.command("create")
-def tenants_create(
-    tenant_id: str, name: str = "", kernel: KernelAddress = "127.0.0.1:7102"
-) -> None:
-    """Create a tenant in the kernel."""
-    from kernel import KernelClient
-
-    async def go() -> bool:
-        async with KernelClient(kernel, Settings.from_env()) as client:
-            return await client.create_tenant(tenant_id, name)
-
-    print(json.dumps({"tenantId": tenant_id, "created": asyncio.run(go())}))
-
-
-@keys_app.command("create")
-def keys_create(
-    tenant_id: str,
-    admin: Annotated[bool, typer.Option("--admin", help="manages the tenant")] = False,
-    operator: Annotated[
-        bool, typer.Option("--operator", help="sees every tenant's runtimes and drains them")
-    ] = False,
-    kernel: KernelAddress = "127.0.0.1:7102",
-) -> None:
-    """Create an API key for a tenant; the key is printed once."""
-    from kernel import KernelClient
-
-    async def go() -> tuple[str, str]:
-        async with KernelClient(kernel, Settings.from_env()) as client:
-            return await client.create_api_key(tenant_id, admin=admin, operator=operator)
-
-    key, key_id = asyncio.run(go())
-    print(
-        json.dumps(
-            {
-                "tenantId": tenant_id,
-                "keyId": key_id,
-                "key": key,
-                "admin": admin,
-                "operator": operator,
-            }
-        )
-    )
 
 
 def _print_json(result: dict[str, Any], as_json: bool) -> None:
@@ -321,11 +301,19 @@ def bench_turns(
 
 
 @bench_app.command("e2e")
-def bench_e2e(database_url: DatabaseUrl = None, as_json: JsonFlag = False) -> None:
-    """Input POST -> final SSE frame; 1000 SSE clients on one edge."""
-    from bench.e2e import measure
+def bench_e2e(
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+    transport: Annotated[
+        str, typer.Option("--transport", help="front door to time: http, grpc or both")
+    ] = "both",
+) -> None:
+    """Input -> final answer through each front door; 1000 SSE clients on one edge."""
+    from bench.e2e import TRANSPORTS, measure
 
-    _print_json(measure(database_url), as_json)
+    if transport != "both" and transport not in TRANSPORTS:
+        raise typer.BadParameter("http, grpc or both", param_hint="--transport")
+    _print_json(measure(database_url, transport=transport), as_json)
 
 
 @bench_app.command("compaction")

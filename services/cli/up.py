@@ -17,43 +17,98 @@ import secrets
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from compaction.server import CompactionServer
 from edge.gateway import EdgeConfig
 from edge.server import EdgeServer
 from kernel import KernelClient, KernelServer
+from services.cli.discovery import remove_discovery, write_discovery
 from services.common.config import Settings
 from services.ledger import LedgerServer
 from services.runner.config import RunnerConfig
 from services.runner.server import RunnerServer
 
 DEFAULT_TENANT = "default"
+# `--model provider:name`: where each provider's key (and, for a compatible
+# server elsewhere, its URL) usually is; the loadout names the variable, the
+# runner reads it at call time, so the key itself is stored nowhere.
+MODEL_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+MODEL_BASE_URL_ENV = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}
+
+
+class ModelChoiceError(ValueError):
+    """`--model` cannot be used as given (its message is the one line to show)."""
+
+
+def model_from_flag(spec: str, env: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The loadout's `model` object for `--model openai:gpt-4.1-mini`."""
+    provider, colon, name = spec.partition(":")
+    if not colon or not name or provider not in MODEL_KEY_ENV:
+        raise ModelChoiceError(
+            f"--model {spec!r}: expected provider:name with provider openai or anthropic, "
+            "e.g. openai:gpt-4.1-mini"
+        )
+    key_env = MODEL_KEY_ENV[provider]
+    if not env.get(key_env):
+        raise ModelChoiceError(f"--model {spec}: set {key_env} to the {provider} API key first")
+    model = {"provider": provider, "name": name, "apiKeyEnv": key_env}
+    base_url = env.get(MODEL_BASE_URL_ENV[provider])
+    if base_url:
+        model["baseUrl"] = base_url
+    return model
 
 
 @dataclass(frozen=True)
 class UpOptions:
     http_port: int = 8080
+    # The edge's public gRPC API (keel.sessions.v1); 0: any free port.
+    grpc_port: int = 8081
     host: str = "127.0.0.1"
     processes: bool = False
     runners: int = 1
     dev_key: str = ""
+    # The default tenant's model (`--model`, see model_from_flag); None
+    # leaves its loadout as it is.
+    model: Mapping[str, str] | None = None
 
 
-async def bootstrap_tenant(kernel_target: str, settings: Settings, dev_key: str) -> str:
+async def bootstrap_tenant(
+    kernel_target: str, settings: Settings, dev_key: str, model: Mapping[str, str] | None = None
+) -> str:
     """The default tenant and a dev key (fixed by KEEL_DEV_KEY) that is its
-    admin and an operator: one developer runs the whole deployment."""
+    admin and an operator: one developer runs the whole deployment. With
+    `model`, the tenant's loadout gets that model (the rest is kept)."""
     key = dev_key or f"keel-dev-{secrets.token_urlsafe(18)}"
     async with KernelClient(kernel_target, settings) as kernel:
         await kernel.create_tenant(DEFAULT_TENANT, "Default tenant")
         await kernel.create_api_key(DEFAULT_TENANT, key, admin=True, operator=True)
+        if model is not None:
+            current = await kernel.get_loadout(DEFAULT_TENANT)
+            document = {**current.document, "model": dict(model)}
+            # A restart with the same flag adds no revision.
+            if current.revision == 0 or document != current.document:
+                await kernel.put_loadout(DEFAULT_TENANT, document)
     return key
 
 
-def _announce(url: str, key: str) -> None:
+def _announce_grpc(address: str) -> None:
+    # Before "Keel is up", which tells whoever reads the output that all is said.
+    print(f"gRPC API: {address}", flush=True)
+
+
+def _announce(url: str, key: str, model: Mapping[str, str] | None = None) -> None:
     print(f"Keel is up: {url}/#key={key}", flush=True)
     print(f"  dev key (admin of tenant {DEFAULT_TENANT!r}, operator): {key}", flush=True)
+    if model is not None:
+        where = f" at {model['baseUrl']}" if "baseUrl" in model else ""
+        print(
+            f"  model: {model['provider']} {model['name']}{where} (key from ${model['apiKeyEnv']})",
+            flush=True,
+        )
     print(f"  try: curl -H 'Authorization: Bearer <key>' -X POST {url}/v1/sessions", flush=True)
 
 
@@ -85,21 +140,31 @@ async def up_embedded(settings: Settings, options: UpOptions) -> None:
     ]
     edge = await EdgeServer(
         settings,
-        EdgeConfig(ledger.target, kernel.target, runner_config.compaction_target),
+        EdgeConfig(
+            ledger.target,
+            kernel.target,
+            runner_config.compaction_target,
+            grpc_port=options.grpc_port,
+        ),
         options.host,
         options.http_port,
     ).start()
     assert edge.gateway is not None
     edge.gateway.local_runtime_ids.update(r.runtime_id for r in runners)
-    key = await bootstrap_tenant(kernel.target, settings, options.dev_key)
-    _announce(f"http://{options.host}:{edge.port}", key)
+    key = await bootstrap_tenant(kernel.target, settings, options.dev_key, options.model)
+    url = f"http://{options.host}:{edge.port}"
+    grpc_address = edge.grpc_address or ""
+    _announce_grpc(grpc_address)
+    _announce(url, key, options.model)
     try:
+        write_discovery(settings.data_dir, url, grpc_address)
         await _wait_for_signal()
         print("draining: in-flight runs settle at a commit boundary…", flush=True)
         for runner in runners:
             assert runner.runtime is not None
             await runner.runtime.drain("handoff", 10_000)
     finally:
+        remove_discovery(settings.data_dir)
         await edge.stop()
         for runner in runners:
             await runner.stop()
@@ -193,6 +258,11 @@ class Supervisor:
         ledger_addr = f"127.0.0.1:{_free_port()}"
         kernel_addr = f"127.0.0.1:{_free_port()}"
         compaction_addr = f"127.0.0.1:{_free_port()}"
+        # Chosen once, so an edge that is restarted comes back on the same port.
+        grpc_port = self.options.grpc_port or _free_port()
+        # The edge is a child: with port 0 the supervisor picks the port, so
+        # the URL it announces (and writes for clients) is the real one.
+        http_port = self.options.http_port or _free_port()
         plan = [
             (Child("ledger", ["ledger", "--address", ledger_addr]), "listening on"),
             (
@@ -239,7 +309,9 @@ class Supervisor:
                         "--host",
                         self.options.host,
                         "--http-port",
-                        str(self.options.http_port),
+                        str(http_port),
+                        "--grpc-port",
+                        str(grpc_port),
                     ],
                 ),
                 "listening on",
@@ -253,11 +325,18 @@ class Supervisor:
                 await self.spawn(child)
                 await self.wait_ready(child, marker)
                 if child.name == "kernel":
-                    key = await bootstrap_tenant(kernel_addr, self.settings, self.options.dev_key)
+                    key = await bootstrap_tenant(
+                        kernel_addr, self.settings, self.options.dev_key, self.options.model
+                    )
                 watchers.append(asyncio.create_task(self.keep_alive(child, marker)))
-            _announce(f"http://{self.options.host}:{self.options.http_port}", key)
+            url = f"http://{self.options.host}:{http_port}"
+            grpc_address = f"{self.options.host}:{grpc_port}"
+            _announce_grpc(grpc_address)
+            _announce(url, key, self.options.model)
+            write_discovery(self.settings.data_dir, url, grpc_address)
             await _wait_for_signal()
         finally:
+            remove_discovery(self.settings.data_dir)
             self._stopping = True
             for child in reversed(self.children):
                 if child.process is not None and child.process.returncode is None:

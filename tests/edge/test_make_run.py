@@ -32,7 +32,11 @@ async def test_keel_up_serves_a_working_page(tmp_path: Path) -> None:
     env.pop("KEEL_DATABASE_URL", None)  # the default of `make run`: SQLite
     keel = Path(sys.executable).with_name("keel")
     child = ChildProcess(
-        [str(keel), "up", "--data-dir", str(tmp_path / "data"), "--http-port", str(port)], env=env
+        [
+            *(str(keel), "up", "--data-dir", str(tmp_path / "data")),
+            *("--http-port", str(port), "--grpc-port", "0"),
+        ],
+        env=env,
     )
     try:
         line = await child.line(lambda text: text.startswith("Keel is up: http://"), 60)

@@ -35,6 +35,8 @@ async def test_the_supervisor_restarts_a_killed_runner_and_the_session_goes_on(
             str(tmp_path / "data"),
             "--http-port",
             str(port),
+            "--grpc-port",
+            "0",
         ],
         env=env,
     )

@@ -92,6 +92,7 @@ def keel_up_process(data_dir: Path, key: str = KEY, *, processes: bool = False) 
     env.pop("KEEL_DATABASE_URL", None)
     keel = Path(sys.executable).with_name("keel")
     args = [str(keel), "up", "--data-dir", str(data_dir), "--http-port", str(port)]
+    args += ["--grpc-port", "0"]
     child = ChildProcess([*args, "--processes"] if processes else args, env=env)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -1,0 +1,117 @@
+"""`keel up` and the `keel` CLI as real OS processes, for tests of what users run.
+
+`keel up` listens on a port it picks (--http-port 0) and is found the way
+CLI clients find it: through the discovery file it writes in its data dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.processes import ROOT, ChildProcess
+
+KEEL = Path(sys.executable).with_name("keel")
+START_DEADLINE_S = 60.0
+CLI_DEADLINE_S = 60.0
+# What a test's surroundings might set that would point a child elsewhere
+# (a test that wants one sets it itself).
+_FOREIGN_ENV = (
+    "KEEL_DATABASE_URL",
+    "KEEL_URL",
+    "KEEL_GRPC",
+    "KEEL_API_KEY",
+    "KEEL_DATA_DIR",
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_BASE_URL",
+)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _FOREIGN_ENV}
+    env.update(PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+@dataclass(frozen=True)
+class RunningKeel:
+    url: str
+    data_dir: Path
+    key: str
+    child: ChildProcess
+
+    @property
+    def discovery_file(self) -> Path:
+        return self.data_dir / "keel-up.json"
+
+
+def _discovered(path: Path, child: ChildProcess) -> dict[str, Any]:
+    deadline = time.monotonic() + START_DEADLINE_S
+    while time.monotonic() < deadline:
+        if child.proc.poll() is not None:
+            raise AssertionError(f"keel up exited with {child.proc.returncode}:\n{child.output()}")
+        with contextlib.suppress(OSError, ValueError):
+            record: dict[str, Any] = json.loads(path.read_text())
+            return record
+        time.sleep(0.05)  # polling a file with a deadline
+    raise AssertionError(f"keel up wrote no {path.name}:\n{child.output()}")
+
+
+@contextlib.contextmanager
+def keel_up(
+    data_dir: Path, key: str, *args: str, env: Mapping[str, str] | None = None
+) -> Iterator[RunningKeel]:
+    """`keel up --http-port 0 ARGS` with dev key `key`, once it serves."""
+    child = ChildProcess(
+        [
+            *(str(KEEL), "up", "--data-dir", str(data_dir), "--http-port", "0"),
+            # Any free gRPC port too (a test's own --grpc-port in ARGS wins).
+            *("--grpc-port", "0", *args),
+        ],
+        env=clean_env(KEEL_DEV_KEY=key, **(env or {})),
+    )
+    try:
+        child.wait_for_line(lambda line: line.startswith("Keel is up: http://"), START_DEADLINE_S)
+        record = _discovered(data_dir / "keel-up.json", child)
+        yield RunningKeel(record["url"], data_dir, key, child)
+    finally:
+        try:
+            child.terminate(timeout=30)
+        except Exception:
+            child.kill()
+            raise
+
+
+def run_keel(
+    *args: str, env: Mapping[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """One `keel ARGS` command to its end (the caller's env is not inherited
+    beyond what clean_env keeps)."""
+    return subprocess.run(
+        [str(KEEL), *args],
+        cwd=ROOT,
+        env=clean_env(**(env or {})),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=CLI_DEADLINE_S,
+        check=False,
+    )
+
+
+async def keel_cli(
+    *args: str, env: Mapping[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`run_keel` without blocking the event loop."""
+    return await asyncio.to_thread(run_keel, *args, env=env, stdin=stdin)
