@@ -145,6 +145,11 @@ class SessionFanout:
         self._held: deque[CommittedFact] = deque()
         self._hold_timer: asyncio.TimerHandle | None = None
         self.status: StatusChange = IDLE
+        # The seq the ledger subscription starts after: a client's backlog
+        # must reach at least this far, or the facts between its own read of
+        # the head and the subscription's would reach it only with a later
+        # fact (and never, if none comes).
+        self._subscribed_after: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     def join(self) -> Inbox:
         inbox = Inbox()
@@ -181,15 +186,25 @@ class SessionFanout:
         ledger = self._hub.ledger
         try:
             head = (await ledger.get_session(self._session_id)).head_seq
+            self._subscribed_after.set_result(head)
             async for fact in ledger.subscribe(self._session_id, head):
                 self._deliver(fact)
         except KeelError as error:
             log.info("fan-out of %s ended: %s", self._session_id, error)
         finally:
+            if not self._subscribed_after.done():
+                self._subscribed_after.set_result(0)
             self._stop_holding()
             while self._held:
                 self._broadcast(self._held.popleft())
             self._broadcast(_CLOSED)
+            # A client that joins from now on gets a fan-out of its own: this
+            # one follows nothing any more.
+            self._hub.forget(self._session_id, self)
+
+    async def subscribed_after(self) -> int:
+        """The seq the live broadcast starts after (see __init__)."""
+        return await asyncio.shield(self._subscribed_after)
 
     def _deliver(self, fact: CommittedFact) -> None:
         """Broadcasts a fact, or holds it (and every later one, keeping the
@@ -330,6 +345,12 @@ class FanoutHub:
                 answered.note_all(page)
                 yield list(page)
                 cursor = page[-1].seq
+            if await fanout.subscribed_after() > cursor:
+                # Committed between this client's read and the subscription's.
+                async for page in _catch_up_facts(self.ledger, session_id, cursor):
+                    answered.note_all(page)
+                    yield list(page)
+                    cursor = page[-1].seq
             if fanout.status.state != "idle":
                 # Whoever works on the session now, as far as this edge knows.
                 yield [fanout.status]
