@@ -71,7 +71,7 @@ async def play(stack: Stack, session_id: str, rng: random.Random, steps: int) ->
             "text": f"{tag} hello",
             "slow": f"/slow 0.3 {tag} slowly",
             "tool": "/tool counter " + json.dumps({"key": tag}),
-            "long": "/long 400",
+            "long": "/long 500",
         }[op]
         response = await stack.post_input(session_id, text, tag)
         assert response.status_code == 202, response.text
@@ -81,11 +81,11 @@ async def play(stack: Stack, session_id: str, rng: random.Random, steps: int) ->
 async def grow_until_compacted(stack: Stack, session_id: str) -> None:
     """Long answers, one at a time, until the session has compacted: how
     much a random schedule batches decides whether it compacted by itself."""
-    for turn in range(8):
+    for turn in range(12):
         facts = await stack.facts(session_id)
         if any(f.kind == "compaction" for f in facts):
             return
-        response = await stack.post_input(session_id, "/long 400", f"{session_id}-grow-{turn}")
+        response = await stack.post_input(session_id, "/long 500", f"{session_id}-grow-{turn}")
         assert response.status_code == 202, response.text
         await settled(stack, session_id)
     raise AssertionError(f"{session_id} never compacted")
@@ -135,8 +135,8 @@ async def test_what_the_model_sees_over_random_interleavings(
     await stack.cluster.kernel.put_loadout(
         "default",
         {
-            "model": {"provider": "scripted", "name": "scripted-1", "contextWindow": 1200},
-            "compaction": {"enabled": True, "keepRecentTokens": 300, "reserveTokens": 400},
+            "model": {"provider": "scripted", "name": "scripted-1", "contextWindow": 3000},
+            "compaction": {"enabled": True, "keepRecentTokens": 600, "reserveTokens": 800},
         },
     )
     await start_compacting_runner(stack)
