@@ -260,6 +260,7 @@ async def _run(
             base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {BENCH_KEY}"}
         ) as http:
             followed = (await http.post("/v1/sessions", json={})).json()["id"]
+            await _hold_the_session(http, followed)
         arrivals = await asyncio.to_thread(_time_broadcasts, port, followed, clients, facts)
         result["sse_clients"] = clients
         result["sse_1000_clients_p50_ms"] = round(statistics.median(arrivals), 2)
@@ -267,9 +268,25 @@ async def _run(
     return result
 
 
+async def _hold_the_session(http: httpx.AsyncClient, session: str) -> None:
+    """Keeps `session` busy with one answer far longer than the benchmark:
+    the inputs it then times are committed and broadcast, and wait behind
+    that answer, so no turn's deltas and facts compete with the broadcast
+    being timed (a cancel would do the same, but on a session with nothing
+    to cancel it commits nothing)."""
+    body = {"text": "/slow 3600 hold", "requestId": "hold"}
+    assert (await http.post(f"/v1/sessions/{session}/inputs", json=body)).status_code == 202
+    deadline = time.monotonic() + 30
+    while (await http.get(f"/v1/sessions/{session}")).json()["status"] != "running":
+        if time.monotonic() > deadline:
+            raise RuntimeError("the held session never started running")
+        await asyncio.sleep(0.05)
+
+
 def _time_broadcasts(port: int, session: str, clients: int, facts: int) -> list[float]:
-    """Commit (an input, through the edge) -> arrival at each of `clients`
-    SSE clients of the session, over `facts` commits."""
+    """Commit (an input, through the edge, to a session busy with a long
+    answer) -> arrival at each of `clients` SSE clients of the session, over
+    `facts` commits."""
     followers = Followers(port, f"/v1/sessions/{session}/events?after=1", BENCH_KEY, clients)
     arrivals: list[float] = []
     try:
