@@ -20,12 +20,11 @@ when the edge drains.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -38,7 +37,7 @@ from edge.inputs import Committed
 from edge.streams import CLIENT_STATES
 from keel.sessions.v1 import sessions_pb2 as pb
 from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
-from services.common.errors import KeelError, rich_status
+from services.common.errors import KeelError, guarded, rich_status
 from services.common.serving import GrpcService
 from services.ledger import CommittedFact
 from services.runner.hub import Partial, StatusChange
@@ -80,31 +79,9 @@ async def _abort(context: Any, error: Exception, rpc: str) -> None:
     await context.abort_with_status(status_of(refusal))
 
 
-Unary = TypeVar("Unary", bound=Callable[..., Awaitable[Any]])
-Streaming = TypeVar("Streaming", bound=Callable[..., AsyncIterator[Any]])
-
-
-def _unary(method: Unary) -> Unary:
-    @functools.wraps(method)
-    async def wrapper(self: SessionServicer, request: Any, context: Any) -> Any:
-        try:
-            return await method(self, request, context)
-        except Exception as error:
-            await _abort(context, error, method.__name__)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _streaming(method: Streaming) -> Streaming:
-    @functools.wraps(method)
-    async def wrapper(self: SessionServicer, request: Any, context: Any) -> AsyncIterator[Any]:
-        try:
-            async for item in method(self, request, context):
-                yield item
-        except Exception as error:
-            await _abort(context, error, method.__name__)
-
-    return wrapper  # type: ignore[return-value]
+# Every RPC's refusals leave through `_abort`, in the one shape the internal
+# services use too.
+_unary, _streaming = guarded(_abort)
 
 
 # ------------------------------------------------------------------ messages

@@ -131,44 +131,50 @@ def reasons_of(root: type[KeelError]) -> dict[str, type[KeelError]]:
 
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
+StreamHandler = TypeVar("StreamHandler", bound=Callable[..., AsyncIterator[Any]])
+# Ends a call whose handler raised `error`: aborts `context` with a status.
+Abort = Callable[[Any, Exception, str], Awaitable[None]]
 
 
-async def _abort(context: Any, error: KeelError) -> None:
+def guarded(
+    abort: Abort,
+) -> tuple[Callable[[Handler], Handler], Callable[[StreamHandler], StreamHandler]]:
+    """Decorators for unary and server-streaming handlers that turn whatever
+    a handler raises into a status through `abort`. The internal services
+    abort with their KeelError's status (`unary_errors`, `stream_errors`);
+    the public API maps the edge's own refusals its way."""
+
+    def unary(method: Handler) -> Handler:
+        @functools.wraps(method)
+        async def wrapper(self: Any, request: Any, context: Any) -> Any:
+            try:
+                return await method(self, request, context)
+            except Exception as error:
+                await abort(context, error, method.__qualname__)
+
+        return wrapper  # type: ignore[return-value]
+
+    def streaming(method: StreamHandler) -> StreamHandler:
+        @functools.wraps(method)
+        async def wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except Exception as error:
+                await abort(context, error, method.__qualname__)
+
+        return wrapper  # type: ignore[return-value]
+
+    return unary, streaming
+
+
+async def _abort(context: Any, error: Exception, handler: str) -> None:
+    if not isinstance(error, KeelError):
+        log.error("unexpected error in %s", handler, exc_info=error)
+        error = InternalError("internal error; see the service log")
     # abort_with_status attaches the ErrorInfo detail as trailing metadata.
     await context.abort_with_status(error.to_status())
 
 
-def unary_errors(method: Handler) -> Handler:
-    """Maps KeelError (and unexpected exceptions) of a unary handler to a status."""
-
-    @functools.wraps(method)
-    async def wrapper(self: Any, request: Any, context: Any) -> Any:
-        try:
-            return await method(self, request, context)
-        except KeelError as error:
-            await _abort(context, error)
-        except Exception:
-            log.exception("unexpected error in %s", method.__qualname__)
-            await _abort(context, InternalError("internal error; see the service log"))
-
-    return wrapper  # type: ignore[return-value]
-
-
-StreamHandler = TypeVar("StreamHandler", bound=Callable[..., AsyncIterator[Any]])
-
-
-def stream_errors(method: StreamHandler) -> StreamHandler:
-    """Maps KeelError of a server-streaming handler to a status."""
-
-    @functools.wraps(method)
-    async def wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
-        try:
-            async for item in method(self, request, context):
-                yield item
-        except KeelError as error:
-            await _abort(context, error)
-        except Exception:
-            log.exception("unexpected error in %s", method.__qualname__)
-            await _abort(context, InternalError("internal error; see the service log"))
-
-    return wrapper  # type: ignore[return-value]
+# KeelError (and unexpected exceptions, as INTERNAL) of a handler -> a status.
+unary_errors, stream_errors = guarded(_abort)
