@@ -21,6 +21,7 @@ import contextlib
 import json
 import math
 import os
+import secrets
 import sys
 import tempfile
 import time
@@ -47,9 +48,11 @@ TENANT = "bench"
 
 @contextlib.contextmanager
 def _bench_settings(database_url: str | None) -> Iterator[Settings]:
+    # Measured as deployed: every call carries and is checked for a token.
+    token = secrets.token_urlsafe(32)
     with tempfile.TemporaryDirectory(prefix="keel-bench-kernel-") as data_dir:
         if not database_url:
-            yield Settings(data_dir=Path(data_dir), lease_ms=DEFAULT_LEASE_MS)
+            yield Settings(data_dir=Path(data_dir), lease_ms=DEFAULT_LEASE_MS, internal_token=token)
             return
         schema = f"keel_bench_{uuid.uuid4().hex[:12]}"
         try:
@@ -58,6 +61,7 @@ def _bench_settings(database_url: str | None) -> Iterator[Settings]:
                 pg_schema=schema,
                 data_dir=Path(data_dir),
                 lease_ms=DEFAULT_LEASE_MS,
+                internal_token=token,
             )
         finally:
             with psycopg.connect(database_url, autocommit=True) as conn:
@@ -72,8 +76,8 @@ def _percentile(samples: list[float], fraction: float) -> float:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
-async def _claims_per_s(target: str) -> float:
-    async with KernelClient(target) as admin:
+async def _claims_per_s(target: str, settings: Settings) -> float:
+    async with KernelClient(target, settings) as admin:
         await admin.create_tenant(TENANT)
         await admin.put_loadout(TENANT, {"maxConcurrentRuns": SESSIONS * 2})
         for start in range(0, SESSIONS, 50):
@@ -83,7 +87,7 @@ async def _claims_per_s(target: str) -> float:
                     for n in range(start, min(start + 50, SESSIONS))
                 )
             )
-    clients = [KernelClient(target) for _ in range(CLAIMERS)]
+    clients = [KernelClient(target, settings) for _ in range(CLAIMERS)]
     try:
         for n, client in enumerate(clients):
             await client.register_runtime(f"bench-claimer-{n}")
@@ -107,7 +111,9 @@ async def _claims_per_s(target: str) -> float:
     return SESSIONS / elapsed
 
 
-async def _start_holder(target: str, runtime_id: str) -> asyncio.subprocess.Process:
+async def _start_holder(
+    target: str, runtime_id: str, settings: Settings
+) -> asyncio.subprocess.Process:
     """A runtime process holding one lease; returns once it holds it."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -118,7 +124,7 @@ async def _start_holder(target: str, runtime_id: str) -> asyncio.subprocess.Proc
         "--sessions",
         "1",
         cwd=ROOT,
-        env=dict(os.environ),
+        env={**os.environ, "KEEL_INTERNAL_TOKEN": settings.internal_token},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
@@ -153,7 +159,7 @@ async def _kill_and_take_over(
 async def _takeovers(server: KernelServer) -> list[float]:
     samples: list[float] = []
     holders: list[asyncio.subprocess.Process] = []
-    async with KernelClient(server.target) as client:
+    async with KernelClient(server.target, server.settings) as client:
         await client.register_runtime("bench-successor")
         try:
             for batch in range(math.ceil(KILLS / HOLDER_BATCH)):
@@ -162,7 +168,10 @@ async def _takeovers(server: KernelServer) -> list[float]:
                     await client.enqueue(name, TENANT, input_seq=1)
                 holders = list(
                     await asyncio.gather(
-                        *(_start_holder(server.target, f"holder-{name}") for name in names)
+                        *(
+                            _start_holder(server.target, f"holder-{name}", server.settings)
+                            for name in names
+                        )
                     )
                 )
                 for holder in holders:
@@ -181,7 +190,7 @@ async def _measure(database_url: str | None) -> dict[str, float]:
     with _bench_settings(database_url) as settings:
         server = await KernelServer(settings, config=KernelConfig()).start()
         try:
-            claims_per_s = await _claims_per_s(server.target)
+            claims_per_s = await _claims_per_s(server.target, settings)
             takeovers = await _takeovers(server)
         finally:
             await server.stop()

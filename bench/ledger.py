@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from services.common.config import Settings
 from services.ledger import LedgerClient
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -71,8 +73,8 @@ def start_ledger(env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     raise RuntimeError("the ledger process did not start")
 
 
-async def single_session(target: str, count: int) -> float:
-    async with LedgerClient(target) as client:
+async def single_session(target: str, settings: Settings, count: int) -> float:
+    async with LedgerClient(target, settings) as client:
         await client.create_session("bench-single", "bench")
         for i in range(50):  # warm-up: connections, prepared statements
             await client.append_one("bench-single", "input", {"text": "w", "requestId": f"w{i}"})
@@ -84,8 +86,10 @@ async def single_session(target: str, count: int) -> float:
         return count / (time.perf_counter() - started)
 
 
-async def concurrent_sessions(target: str, sessions: int, per_session: int) -> float:
-    async with LedgerClient(target) as client:
+async def concurrent_sessions(
+    target: str, settings: Settings, sessions: int, per_session: int
+) -> float:
+    async with LedgerClient(target, settings) as client:
         ids = [f"bench-c{i}" for i in range(sessions)]
         await asyncio.gather(*(client.create_session(s, "bench") for s in ids))
 
@@ -105,14 +109,24 @@ def measure(database_url: str | None = None, count: int = 2000) -> dict[str, Any
     schema = f"keel_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    # Measured as deployed: every append carries and is checked for a token.
+    client_settings = Settings(internal_token=secrets.token_urlsafe(32))
     env = dict(os.environ)
-    env.update({"KEEL_DATABASE_URL": url, "KEEL_PG_SCHEMA": schema})
+    env.update(
+        {
+            "KEEL_DATABASE_URL": url,
+            "KEEL_PG_SCHEMA": schema,
+            "KEEL_INTERNAL_TOKEN": client_settings.internal_token,
+        }
+    )
     env.setdefault("KEEL_DATA_DIR", tempfile.mkdtemp(prefix="keel-bench-"))
     proc, target = start_ledger(env)
     try:
         raw = raw_insert_loop(url, schema, count)
-        single = asyncio.run(single_session(target, count))
-        concurrent = asyncio.run(concurrent_sessions(target, 64, max(count // 32, 20)))
+        single = asyncio.run(single_session(target, client_settings, count))
+        concurrent = asyncio.run(
+            concurrent_sessions(target, client_settings, 64, max(count // 32, 20))
+        )
     finally:
         proc.kill()
         proc.wait()

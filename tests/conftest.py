@@ -19,6 +19,7 @@ import pytest
 from psycopg import sql
 
 from services.common.config import Settings
+from tests.support.internal_auth import auth_env, with_token
 
 T = TypeVar("T")
 
@@ -57,15 +58,18 @@ def drop_schema(url: str, schema: str) -> None:
 
 @pytest.fixture
 def pg_settings(postgres_url: str, tmp_path: Path) -> Iterator[Settings]:
-    """Settings on PostgreSQL with a schema of this test's own."""
+    """Settings on PostgreSQL with a schema of this test's own (and the
+    internal token, as every deployed service has one)."""
     schema = f"keel_t_{uuid.uuid4().hex[:12]}"
-    yield Settings(database_url=postgres_url, pg_schema=schema, data_dir=tmp_path / "data")
+    yield with_token(
+        Settings(database_url=postgres_url, pg_schema=schema, data_dir=tmp_path / "data")
+    )
     drop_schema(postgres_url, schema)
 
 
 @pytest.fixture
 def sqlite_settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "data")
+    return with_token(Settings(data_dir=tmp_path / "data"))
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -86,6 +90,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
             "KEEL_DATA_DIR": str(settings.data_dir),
             "KEEL_LEASE_MS": str(settings.lease_ms),
             "PYTHONUNBUFFERED": "1",
+            **auth_env(settings),
         }
     )
     return env

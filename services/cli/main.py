@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
@@ -21,7 +22,8 @@ from typing import Annotated, Any
 import typer
 
 from services.cli.admin import Edge, keys_app, loadout_app, tenants_app
-from services.cli.discovery import require_key, resolve_url
+from services.cli.data_dir import PRIVATE_UMASK
+from services.cli.discovery import USAGE_EXIT, fail, require_key, resolve_url
 from services.common import telemetry
 from services.common.config import Settings
 from services.common.heap import settle_heap
@@ -50,17 +52,47 @@ GrpcPort = Annotated[
 
 
 def _settings(database_url: str | None = None) -> Settings:
-    settings = Settings.from_env()
+    try:
+        settings = Settings.from_env()
+    except ValueError as error:
+        fail(f"keel: {error}", USAGE_EXIT)
     if database_url is not None:
         settings = settings.with_overrides(database_url=database_url)
     return settings
+
+
+def _service_settings(service: str, database_url: str | None) -> Settings:
+    """Settings for `keel <service>`, which will not start open: without an
+    internal token or mutual TLS it ends with exit code 2 and one line."""
+    from services.cli.data_dir import close_data_dir
+    from services.common.internal_auth import InternalAuthError, require_internal_auth
+
+    settings = _settings(database_url)
+    try:
+        require_internal_auth(settings)
+    except InternalAuthError as error:
+        fail(f"keel {service}: {error}", USAGE_EXIT)
+    close_data_dir(Path(settings.data_dir))
+    return settings
+
+
+async def _until_signalled(main: Coroutine[Any, Any, None]) -> None:
+    """Runs `main`; SIGTERM or SIGINT cancels it, so its clean-up runs and
+    the process exits 0 (a service that handles the signals itself, as the
+    runner and the edge do, replaces these handlers with its own)."""
+    task = asyncio.ensure_future(main)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def _serve(service: str, settings: Settings, main: Coroutine[Any, Any, None]) -> None:
     telemetry.configure(service, settings)
     settle_heap()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main)
+        asyncio.run(_until_signalled(main))
 
 
 @app.command()
@@ -68,7 +100,7 @@ def ledger(address: Address = "127.0.0.1:7101", database_url: DatabaseUrl = None
     """Run the ledger service (session streams, the writer fence)."""
     from services.ledger.server import run_ledger
 
-    settings = _settings(database_url)
+    settings = _service_settings("ledger", database_url)
     _serve("ledger", settings, run_ledger(settings, address))
 
 
@@ -81,7 +113,7 @@ def kernel(
     """Run the kernel service (leases, epochs, queue, admission, tenants)."""
     from kernel import run_kernel
 
-    settings = _settings(database_url)
+    settings = _service_settings("kernel", database_url)
     _serve("kernel", settings, run_kernel(settings, address, ledger))
 
 
@@ -96,7 +128,7 @@ def runner(
     from services.runner.config import RunnerConfig
     from services.runner.server import run_runner
 
-    settings = _settings(database_url)
+    settings = _service_settings("runner", database_url)
     config = RunnerConfig.from_env(ledger, kernel)
     _serve("runner", settings, run_runner(settings, config, address))
 
@@ -111,8 +143,14 @@ def compaction(
     """Run the compaction service alone (runners embed one unless told otherwise)."""
     from compaction.server import run_compaction
 
-    settings = _settings(database_url)
-    _serve("compaction", settings, run_compaction(settings, address, ledger, kernel))
+    settings = _service_settings("compaction", database_url)
+    # The window assumed for a loadout that names none, as the runners do.
+    window = int(os.environ.get("KEEL_CONTEXT_WINDOW", "128000"))
+    _serve(
+        "compaction",
+        settings,
+        run_compaction(settings, address, ledger, kernel, default_context_window=window),
+    )
 
 
 @app.command()
@@ -131,7 +169,7 @@ def edge(
     from edge.gateway import EdgeConfig
     from edge.server import run_edge
 
-    settings = _settings(database_url)
+    settings = _service_settings("edge", database_url)
     config = EdgeConfig(ledger, kernel, compaction, grpc_port=grpc_port)
     _serve("edge", settings, run_edge(settings, config, host, http_port))
 
@@ -158,27 +196,43 @@ def up(
     ] = None,
 ) -> None:
     """Start everything: ledger, kernel, runner, compaction, edge and the web page."""
-    from services.cli.discovery import USAGE_EXIT, fail
+    from kernel.tenancy import key_weakness
+    from services.cli.data_dir import with_internal_token
     from services.cli.up import (
         ModelChoiceError,
         Supervisor,
         UpOptions,
         data_dir_settings,
         model_from_flag,
+        model_secrets,
         up_embedded,
     )
+    from services.common.internal_auth import InternalAuthError, require_internal_auth
 
+    # The dev key is an operator key: refused before anything starts if weak.
+    dev_key = os.environ.get("KEEL_DEV_KEY", "")
+    weakness = key_weakness(dev_key) if dev_key else None
+    if weakness is not None:
+        fail(f"keel: KEEL_DEV_KEY: {weakness}", USAGE_EXIT)
     try:
         chosen_model = model_from_flag(model) if model else None
     except ModelChoiceError as error:
         fail(f"keel: {error}", USAGE_EXIT)
     settings = data_dir_settings(_settings(database_url), data_dir)
+    try:
+        settings = with_internal_token(settings)
+        require_internal_auth(settings)
+    except (InternalAuthError, OSError) as error:
+        # OSError: the token file cannot be made or read (e.g. a symlink there).
+        fail(f"keel up: {error}", USAGE_EXIT)
+    if chosen_model is not None:
+        settings = settings.with_overrides(secrets=model_secrets(settings.secrets, chosen_model))
     options = UpOptions(
         http_port=http_port,
         grpc_port=grpc_port,
         processes=processes,
         runners=runners,
-        dev_key=os.environ.get("KEEL_DEV_KEY", ""),
+        dev_key=dev_key,
         model=chosen_model,
     )
     telemetry.configure("up", settings)
@@ -325,6 +379,9 @@ def bench_compaction(as_json: JsonFlag = False) -> None:
 
 
 def main() -> None:
+    # Before anything is created: SQLite files, blobs, the discovery file and
+    # the internal token are the owner's alone (0600, folders 0700).
+    os.umask(PRIVATE_UMASK)
     try:
         app()
     except BrokenPipeError:

@@ -6,6 +6,11 @@ contracts as in production. `--processes`: each service as its own OS process
 under a small supervisor that restarts a child that dies (runners there embed
 their own compaction service; the edge asks the compaction process for
 contexts).
+
+In both modes the services authenticate to each other with the data dir's
+internal token (services/cli/data_dir.py), and `--model` is granted its key
+variable and its URL's origin for the default tenant, as an operator would
+grant them in KEEL_SECRET_GRANTS and KEEL_PROVIDER_ORIGINS.
 """
 
 from __future__ import annotations
@@ -21,13 +26,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from compaction.server import CompactionServer
 from edge.gateway import EdgeConfig
 from edge.server import EdgeServer
 from kernel import KernelClient, KernelServer
+from services.cli.data_dir import close_data_dir
 from services.cli.discovery import remove_discovery, write_discovery
 from services.common.config import Settings
+from services.common.internal_auth import TOKEN_ENV
+from services.common.secrets import SecretPolicy
 from services.ledger import LedgerServer
 from services.runner.config import RunnerConfig
 from services.runner.server import RunnerServer
@@ -58,8 +67,23 @@ def model_from_flag(spec: str, env: Mapping[str, str] = os.environ) -> dict[str,
     model = {"provider": provider, "name": name, "apiKeyEnv": key_env}
     base_url = env.get(MODEL_BASE_URL_ENV[provider])
     if base_url:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ModelChoiceError(
+                f"{MODEL_BASE_URL_ENV[provider]}={base_url!r} is not an http(s)://host/… URL"
+            )
         model["baseUrl"] = base_url
     return model
+
+
+def model_secrets(policy: SecretPolicy, model: Mapping[str, str]) -> SecretPolicy:
+    """`--model` is the operator's own choice: the default tenant may name
+    that model's key variable, and the model may be called at its `baseUrl`
+    (the kernel and runners refuse both otherwise)."""
+    policy = policy.with_grant(DEFAULT_TENANT, model["apiKeyEnv"])
+    if "baseUrl" in model:
+        policy = policy.with_origin(model["baseUrl"])
+    return policy
 
 
 @dataclass(frozen=True)
@@ -206,6 +230,9 @@ class Supervisor:
                 "KEEL_DATABASE_URL": self.settings.database_url,
                 "KEEL_DATA_DIR": str(self.settings.data_dir),
                 "KEEL_PG_SCHEMA": self.settings.pg_schema,
+                # Every child checks and sends the same token (made per data dir).
+                TOKEN_ENV: self.settings.internal_token,
+                **self.settings.secrets.to_env(),
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -351,7 +378,9 @@ class Supervisor:
 
 
 def data_dir_settings(settings: Settings, data_dir: Path | None) -> Settings:
+    """`settings` on `data_dir` (default: theirs), which exists and is 0700."""
     if data_dir is not None:
         settings = settings.with_overrides(data_dir=data_dir)
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+    close_data_dir(Path(settings.data_dir))
     return settings

@@ -1,8 +1,9 @@
 """Serving and calling Keel's gRPC services, the same way in every process.
 
 Every server gets the standard health service, reflection, OpenTelemetry
-tracing and (when configured) a shared-token check; every client channel gets
-the matching interceptors. The embedded `keel up` uses these too, over
+tracing, the internal token check and TLS (services/common/internal_auth.py,
+when configured); every client channel gets the matching interceptors and
+credentials. The embedded `keel up` uses these too, over
 loopback, so one process exercises exactly the production code paths.
 """
 
@@ -21,10 +22,16 @@ from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_serv
 from opentelemetry.instrumentation.grpc import filters as otel_filters
 
 from services.common.config import Settings
+from services.common.internal_auth import (
+    TokenServerInterceptor,
+    channel_credentials,
+    server_credentials,
+    tls_material,
+    token_interceptors,
+)
 
 log = logging.getLogger("keel.serving")
 
-TOKEN_HEADER = "x-keel-token"
 STREAMING_METHODS = ("Subscribe", "WatchSession", "Attach", "Watch", "StreamEvents")
 # Large enough for the biggest fact plus framing; the ledger enforces its own
 # per-fact limit with a clear error before this one is reached.
@@ -58,30 +65,6 @@ class GrpcService:
     add_to_server: Callable[[grpc.aio.Server], None]
     # Called when the server starts draining, before it stops accepting.
     on_drain: Callable[[], Awaitable[None]] | None = None
-
-
-class _TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Rejects calls without the shared internal token (health is exempt)."""
-
-    def __init__(self, token: str) -> None:
-        self._token = token
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Any:
-        method = handler_call_details.method
-        if method.startswith(("/grpc.health.", "/grpc.reflection.")):
-            return await continuation(handler_call_details)
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        if metadata.get(TOKEN_HEADER) == self._token:
-            return await continuation(handler_call_details)
-
-        async def deny(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong internal token")
-
-        return grpc.unary_unary_rpc_method_handler(deny)
 
 
 class RunningServer:
@@ -123,13 +106,18 @@ async def serve_services(
     services: Sequence[GrpcService], address: str, settings: Settings, *, public: bool = False
 ) -> RunningServer:
     """Starts one aio server hosting `services` on `address` ("host:port").
-    A `public` server's callers hold API keys, which its services check, not
-    the internal token."""
+    An internal server checks the internal token (when set) on every call but
+    health, and serves TLS when configured. A `public` server's callers hold
+    API keys, which its services check, and its transport is plain (TLS is
+    terminated in front of the edge)."""
     interceptors: list[Any] = []
     if settings.tracing:
         interceptors.append(aio_server_interceptor(filter_=_traced_methods()))
+    # First, so a refused call is never traced nor reaches anything else.
     if settings.internal_token and not public:
-        interceptors.insert(0, _TokenInterceptor(settings.internal_token))
+        interceptors.insert(0, TokenServerInterceptor(settings.internal_token))
+    # Read before anything starts: a half-configured TLS fails here, whole.
+    material = None if public else tls_material(settings)
     server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -137,7 +125,10 @@ async def serve_services(
         service.add_to_server(server)
     names = [s.name for s in services]
     reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
-    port = server.add_insecure_port(address)
+    if material is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, server_credentials(material))
     if port == 0:
         raise OSError(f"cannot bind gRPC server to {address}")
     await server.start()
@@ -147,40 +138,23 @@ async def serve_services(
     return RunningServer(server, health, port, services)
 
 
-class _TokenClientInterceptor(
-    grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
-    grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
-):
-    def __init__(self, token: str) -> None:
-        self._token = token
-
-    def _with_token(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = grpc.aio.Metadata(*(details.metadata or ()))
-        metadata.add(TOKEN_HEADER, self._token)
-        return grpc.aio.ClientCallDetails(
-            details.method,
-            details.timeout,
-            metadata,
-            details.credentials,
-            details.wait_for_ready,
-        )
-
-    async def intercept_unary_unary(
-        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
-    ) -> Any:
-        return await continuation(self._with_token(client_call_details), request)
-
-    async def intercept_unary_stream(
-        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
-    ) -> Any:
-        return await continuation(self._with_token(client_call_details), request)
-
-
 def open_channel(address: str, settings: Settings) -> grpc.aio.Channel:
-    """An aio channel to a Keel service with tracing and the internal token."""
+    """An aio channel to an internal Keel service: tracing when spans go
+    somewhere, the internal token on every kind of call, TLS when configured.
+    Raises InternalAuthError for a half-configured TLS."""
     interceptors: list[Any] = []
     if settings.tracing:
         interceptors.extend(aio_client_interceptors(filter_=_traced_methods()))
     if settings.internal_token:
-        interceptors.append(_TokenClientInterceptor(settings.internal_token))
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
+        interceptors.extend(token_interceptors(settings.internal_token))
+    material = tls_material(settings)
+    if material is None:
+        return grpc.aio.insecure_channel(
+            address, options=CHANNEL_OPTIONS, interceptors=interceptors
+        )
+    options = list(CHANNEL_OPTIONS)
+    if settings.grpc_tls_server_name:
+        options.append(("grpc.ssl_target_name_override", settings.grpc_tls_server_name))
+    return grpc.aio.secure_channel(
+        address, channel_credentials(material), options=options, interceptors=interceptors
+    )

@@ -1,25 +1,12 @@
-"""`python -m services.ledger [--address HOST:PORT]`: the ledger alone (same as `keel ledger`)."""
+"""`python -m services.ledger …`: the same command as `keel ledger …`, with the
+same start-up checks (internal credentials, private files)."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
+import sys
 
-from services.common import telemetry
-from services.common.config import Settings
-from services.ledger.server import run_ledger
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m services.ledger")
-    parser.add_argument("--address", default="127.0.0.1:7101")
-    args = parser.parse_args()
-    settings = Settings.from_env()
-    telemetry.configure("ledger", settings)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_ledger(settings, args.address))
-
+from services.cli.main import main
 
 if __name__ == "__main__":
+    sys.argv[1:1] = ["ledger"]
     main()

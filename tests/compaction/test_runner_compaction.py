@@ -119,7 +119,7 @@ async def test_a_long_session_compacts_and_every_request_is_rebuilt_exactly(
         shown = [
             {"system": r["system"], "messages": r["messages"]} for r in recorded(record, "turn")
         ]
-        async with CompactionClient(address) as client:
+        async with CompactionClient(address, cluster.settings) as client:
             rebuilt = []
             for answer in answers:
                 head = int(answer.data["generationId"].removeprefix("gen-"))

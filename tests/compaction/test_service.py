@@ -52,6 +52,7 @@ from services.runner.providers import (
 from services.runner.providers.scripted import long_text
 from tests.runner.cluster import Cluster, start_cluster, stop_cluster
 from tests.support.blobs import PNG, store_blob
+from tests.support.internal_auth import token_metadata
 
 TENANT = "svc-tenant"
 SYSTEM = "You are a compaction test."
@@ -75,7 +76,7 @@ async def stack(pg_settings: Settings) -> AsyncIterator[Stack]:
     server = await CompactionServer(
         pg_settings, cluster.ledger_server.target, cluster.kernel_server.target
     ).start()
-    client = CompactionClient(server.target)
+    client = CompactionClient(server.target, pg_settings)
     try:
         await cluster.kernel.create_tenant(TENANT)
         await cluster.kernel.put_loadout(TENANT, LOADOUT)
@@ -420,21 +421,32 @@ async def test_bad_requests_get_clear_status_codes(stack: Stack) -> None:
     with pytest.raises(SeqOutOfRange, match="past the session's head"):
         await client.get_context("known", head + 1)
 
-    # The wire status codes themselves, as any gRPC client sees them.
+    # The wire status codes themselves, as any gRPC client (holding the
+    # internal token) sees them.
+    auth = token_metadata()
     async with grpc.aio.insecure_channel(stack.server.target) as channel:
         stub = pb_grpc.CompactionServiceStub(channel)
         expected: list[tuple[Callable[[], Awaitable[object]], grpc.StatusCode]] = [
-            (lambda: stub.Plan(pb.PlanRequest(session_id="nope")), grpc.StatusCode.NOT_FOUND),
             (
-                lambda: stub.GetContext(pb.GetContextRequest(session_id="known", at_seq=-1)),
+                lambda: stub.Plan(pb.PlanRequest(session_id="nope"), metadata=auth),
+                grpc.StatusCode.NOT_FOUND,
+            ),
+            (
+                lambda: stub.GetContext(
+                    pb.GetContextRequest(session_id="known", at_seq=-1), metadata=auth
+                ),
                 grpc.StatusCode.INVALID_ARGUMENT,
             ),
             (
-                lambda: stub.GetContext(pb.GetContextRequest(session_id="known", at_seq=head + 5)),
+                lambda: stub.GetContext(
+                    pb.GetContextRequest(session_id="known", at_seq=head + 5), metadata=auth
+                ),
                 grpc.StatusCode.OUT_OF_RANGE,
             ),
             (
-                lambda: stub.Compact(pb.CompactRequest(session_id="known", epoch=writer.epoch + 1)),
+                lambda: stub.Compact(
+                    pb.CompactRequest(session_id="known", epoch=writer.epoch + 1), metadata=auth
+                ),
                 grpc.StatusCode.FAILED_PRECONDITION,
             ),
         ]

@@ -26,10 +26,10 @@ from services.common.config import Settings
 CLAIMERS = 3
 
 
-async def claimer(target: str, runtime_id: str, seed: str) -> int:
+async def claimer(target: str, settings: Settings, runtime_id: str, seed: str) -> int:
     rng = random.Random(seed)
     count = 0
-    async with KernelClient(target) as client:
+    async with KernelClient(target, settings) as client:
         while (lease := await client.claim(runtime_id, wait_ms=500)) is not None:
             count += 1
             print(f"claimed {lease.session_id} {lease.epoch}", flush=True)
@@ -59,12 +59,12 @@ async def main(name: str, go_file: Path) -> None:
     server = await KernelServer(settings, config=config).start()
     try:
         runtime_id = f"proc-{name}"
-        async with KernelClient(server.target) as client:
+        async with KernelClient(server.target, server.settings) as client:
             await client.register_runtime(runtime_id)
         print("ready", flush=True)
         await asyncio.to_thread(wait_for_file, go_file)
         counts = await asyncio.gather(
-            *(claimer(server.target, runtime_id, f"{name}-{n}") for n in range(CLAIMERS))
+            *(claimer(server.target, settings, runtime_id, f"{name}-{n}") for n in range(CLAIMERS))
         )
         print(f"done {sum(counts)}", flush=True)
     finally:

@@ -89,7 +89,7 @@ async def kernel(long_ttl: Settings) -> AsyncIterator[KernelServer]:
 
 @pytest.fixture
 async def client(kernel: KernelServer) -> AsyncIterator[KernelClient]:
-    async with KernelClient(kernel.target) as opened:
+    async with KernelClient(kernel.target, kernel.settings) as opened:
         yield opened
 
 

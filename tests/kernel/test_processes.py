@@ -32,7 +32,7 @@ async def test_kernel_replicas_in_separate_processes_never_share_a_session(
     server = await KernelServer(settings, config=FAST).start()
     children: list[ChildProcess] = []
     try:
-        async with KernelClient(server.target) as client:
+        async with KernelClient(server.target, server.settings) as client:
             await client.create_tenant("t1")
             await client.put_loadout("t1", {"maxConcurrentRuns": 1000})
             for session in sessions:
@@ -49,7 +49,7 @@ async def test_kernel_replicas_in_separate_processes_never_share_a_session(
         for child in children:
             await _wait_line(child, "done")
             assert await asyncio.to_thread(child.proc.wait, 30) == 0, child.output()
-        async with KernelClient(server.target) as client:
+        async with KernelClient(server.target, server.settings) as client:
             for session in sessions[::10]:
                 info = await client.get_lease(session)
                 assert not info.queued and info.lease is None
@@ -82,7 +82,7 @@ async def test_a_sigkilled_holder_is_taken_over_through_the_fast_path(
     server = await KernelServer(settings, config=FAST).start()
     holder: ChildProcess | None = None
     try:
-        async with KernelClient(server.target) as client:
+        async with KernelClient(server.target, server.settings) as client:
             for session in ("k1", "k2"):
                 await client.enqueue(session, "t1", input_seq=1)
             await client.register_runtime("successor")
@@ -148,13 +148,13 @@ async def test_reconciliation_enqueues_a_session_whose_wake_up_was_lost(
     ledger = await LedgerServer(settings).start()
     kernel: KernelServer | None = None
     try:
-        async with LedgerClient(ledger.target) as writer:
+        async with LedgerClient(ledger.target, ledger.settings) as writer:
             await writer.create_session("quiet", "t1")
             await writer.create_session("lost-wakeup", "t1")
             await writer.append_one("lost-wakeup", "input", {"text": "hi", "requestId": "r1"})
         # Nobody called Enqueue: only reconciliation can find the session.
         kernel = await KernelServer(settings, ledger_target=ledger.target, config=FAST).start()
-        async with KernelClient(kernel.target) as client:
+        async with KernelClient(kernel.target, kernel.settings) as client:
             await client.register_runtime("r1")
             lease = await client.claim("r1", wait_ms=60_000)
             assert lease is not None

@@ -17,5 +17,5 @@ async def ledger(settings: Settings) -> AsyncIterator[LedgerServer]:
 
 @pytest.fixture
 async def client(ledger: LedgerServer) -> AsyncIterator[LedgerClient]:
-    async with LedgerClient(ledger.target) as ledger_client:
+    async with LedgerClient(ledger.target, ledger.settings) as ledger_client:
         yield ledger_client

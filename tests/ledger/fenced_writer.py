@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from services.common.config import Settings
 from services.ledger import LedgerClient, StaleEpoch
 
 
 async def main(target: str, session_id: str, epoch: int, count: int) -> None:
-    async with LedgerClient(target) as client:
+    # KEEL_INTERNAL_TOKEN (and any TLS) of the test's ledger, from the parent.
+    async with LedgerClient(target, Settings.from_env()) as client:
         print("ready", flush=True)
         await asyncio.to_thread(sys.stdin.readline)
         written = 0

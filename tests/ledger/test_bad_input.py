@@ -11,6 +11,7 @@ from keel.ledger.v1 import ledger_pb2 as pb
 from keel.ledger.v1 import ledger_pb2_grpc as pb_grpc
 from services.common.errors import error_info
 from services.ledger import LedgerClient, LedgerServer
+from tests.support.internal_auth import token_metadata
 
 
 async def call_fails(
@@ -19,7 +20,7 @@ async def call_fails(
     async with grpc.aio.insecure_channel(ledger.target) as channel:
         stub = pb_grpc.LedgerServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            response = getattr(stub, method)(request)
+            response = getattr(stub, method)(request, metadata=token_metadata())
             if method == "Subscribe":
                 async for _ in response:
                     pass

@@ -66,7 +66,10 @@ async def test_generation_and_tool_call_dedup(client: LedgerClient) -> None:
 
 
 async def test_concurrent_duplicates_from_two_clients(ledger: LedgerServer) -> None:
-    async with LedgerClient(ledger.target) as one, LedgerClient(ledger.target) as two:
+    async with (
+        LedgerClient(ledger.target, ledger.settings) as one,
+        LedgerClient(ledger.target, ledger.settings) as two,
+    ):
         await one.create_session("dup", "t")
         await one.append_one("dup", "input", {"text": "q", "requestId": "r0"})
         await start_epoch(one, "dup", 1)

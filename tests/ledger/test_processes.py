@@ -29,10 +29,11 @@ def two_ledgers(pg_settings: Settings) -> Iterator[tuple[str, str]]:
 
 
 async def test_subscriber_on_one_sees_appends_through_the_other(
-    two_ledgers: tuple[str, str],
+    two_ledgers: tuple[str, str], pg_settings: Settings
 ) -> None:
     first, second = two_ledgers
-    async with LedgerClient(first) as a, LedgerClient(second) as b:
+    settings = pg_settings
+    async with LedgerClient(first, settings) as a, LedgerClient(second, settings) as b:
         await a.create_session("shared", "t")
         await a.append_one("shared", "input", {"text": "via a", "requestId": "r0"})
 

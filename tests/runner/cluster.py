@@ -107,8 +107,8 @@ async def start_cluster(settings: Settings, **kernel_config: int) -> Cluster:
         settings=settings,
         ledger_server=ledger_server,
         kernel_server=kernel_server,
-        ledger=LedgerClient(ledger_server.target),
-        kernel=KernelClient(kernel_server.target),
+        ledger=LedgerClient(ledger_server.target, settings),
+        kernel=KernelClient(kernel_server.target, settings),
     )
     await cluster.kernel.create_tenant("default", "Default tenant")
     return cluster

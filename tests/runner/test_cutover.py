@@ -28,7 +28,7 @@ async def test_the_old_writer_is_rejected_after_cutover(cluster: Cluster) -> Non
         return starts[0] if starts else None
 
     stale = await eventually(old_epoch, "the old runtime to claim")
-    async with RunnerClient(address) as runner:
+    async with RunnerClient(address, cluster.settings) as runner:
         await runner.drain("handoff", deadline_ms=30_000)
 
     new = cluster.start_runner()

@@ -28,7 +28,7 @@ async def test_handoff_settles_at_a_commit_boundary_and_a_successor_continues(
     seq = await cluster.send("handoff", SLOW_TOOLS % "handoff", "r1")
     await wait_for_kind(cluster, "handoff", "assistant")
 
-    async with RunnerClient(address) as runner:
+    async with RunnerClient(address, cluster.settings) as runner:
         in_flight = await runner.drain("handoff", deadline_ms=30_000)
         status = await runner.status()
     assert in_flight == 1

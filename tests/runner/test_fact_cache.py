@@ -20,8 +20,8 @@ from tests.runner.cluster import eventually, start_cluster, stop_cluster
 class CountingLedger(LedgerClient):
     """A real ledger client that remembers from where each read started."""
 
-    def __init__(self, target: str) -> None:
-        super().__init__(target)
+    def __init__(self, target: str, settings: Settings) -> None:
+        super().__init__(target, settings)
         self.reads_after: list[int] = []
 
     async def read(
@@ -34,7 +34,7 @@ class CountingLedger(LedgerClient):
 @pytest.fixture
 async def ledger(settings: Settings) -> AsyncIterator[CountingLedger]:
     server = await LedgerServer(settings).start()
-    client = CountingLedger(server.target)
+    client = CountingLedger(server.target, settings)
     try:
         yield client
     finally:

@@ -31,6 +31,12 @@ _FOREIGN_ENV = (
     "KEEL_GRPC",
     "KEEL_API_KEY",
     "KEEL_DATA_DIR",
+    # `keel up` makes its own internal token unless one is given.
+    "KEEL_INTERNAL_TOKEN",
+    "KEEL_GRPC_TLS_CERT",
+    "KEEL_GRPC_TLS_KEY",
+    "KEEL_GRPC_TLS_CA",
+    "KEEL_GRPC_TLS_SERVER_NAME",
     "OPENAI_API_KEY",
     "OPENAI_BASE_URL",
     "ANTHROPIC_API_KEY",
