@@ -57,7 +57,7 @@ async def start(
     )
     ledger = await LedgerServer(settings).start()
     kernel = await KernelServer(settings, ledger_target=ledger.target).start()
-    key = await bootstrap_tenant(kernel.target, settings, "bench-key")
+    key = await bootstrap_tenant(kernel.target, settings, "bench-key-0123456789abcdef")
     from kernel import KernelClient
 
     async with KernelClient(kernel.target, settings) as client:

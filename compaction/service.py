@@ -60,6 +60,7 @@ from services.blob_parts import BlobContent
 from services.blobs import blob_store
 from services.common.config import Settings
 from services.common.errors import unary_errors
+from services.common.secrets import SecretPolicy
 from services.ledger import LedgerClient
 from services.ledger import SessionNotFound as LedgerSessionNotFound
 from services.ledger import StaleEpoch as LedgerStaleEpoch
@@ -160,6 +161,7 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
         *,
         default_context_window: int = DEFAULT_CONTEXT_WINDOW,
         blob_settings: Settings | None = None,
+        secrets: SecretPolicy | None = None,
     ) -> None:
         self._ledger = ledger
         self._kernel = kernel
@@ -168,8 +170,14 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
         # table, which must not block the event loop); None: no blobs shown.
         self._blob_settings = blob_settings
         self._blobs: BlobContent | None = None
-        # One provider per model configuration, reused across calls (real
-        # providers hold HTTP connection pools).
+        # Which secrets a tenant's summary model may read, and where it may
+        # call: the operator's policy, as the runner applies it. By default
+        # that of the deployment's Settings (the same as the runner's).
+        if secrets is None:
+            secrets = blob_settings.secrets if blob_settings is not None else SecretPolicy()
+        self._secrets = secrets
+        # One provider per tenant and model configuration, reused across
+        # calls (real providers hold HTTP connection pools).
         self._providers: dict[str, Provider] = {}
 
     async def close(self) -> None:
@@ -227,12 +235,13 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
         except ValueError as error:
             raise BadLoadout(f"invalid compaction settings: {error}") from None
 
-    def _provider(self, model: Mapping[str, Any]) -> Provider:
-        key = json.dumps(model, sort_keys=True)
+    def _provider(self, tenant_id: str, model: Mapping[str, Any]) -> Provider:
+        # Per tenant: a provider holds the key its tenant was granted.
+        key = json.dumps([tenant_id, model], sort_keys=True)
         provider = self._providers.get(key)
         if provider is None:
             try:
-                provider = provider_from_loadout(model)
+                provider = provider_from_loadout(model, tenant_id=tenant_id, secrets=self._secrets)
             except ValueError as error:
                 raise BadLoadout(f"invalid model configuration: {error}") from None
             self._providers[key] = provider
@@ -246,7 +255,7 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
         view = await self._view(session_id)
         loadout = await self._loadout(view.tenant_id)
         settings = self._settings(loadout)
-        provider = self._provider(loadout.model)
+        provider = self._provider(view.tenant_id, loadout.model)
         facts = await self._ledger.read_all(session_id)
         watermark = current_watermark(facts)
         blob_parts = await self._blob_parts(view.tenant_id, facts, watermark)
@@ -314,7 +323,7 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
             )
 
         summary = await summarize(
-            self._provider(loadout.model),
+            self._provider(view.tenant_id, loadout.model),
             preparation,
             settings,
             focus=request.instructions,

@@ -2,7 +2,8 @@
 
     KernelError                UNKNOWN              KERNEL_ERROR
      ├── InvalidArgument       INVALID_ARGUMENT     INVALID_ARGUMENT
-     │    └── InvalidLoadout   INVALID_ARGUMENT     INVALID_LOADOUT
+     │    ├── InvalidLoadout   INVALID_ARGUMENT     INVALID_LOADOUT
+     │    └── WeakApiKey       INVALID_ARGUMENT     WEAK_API_KEY
      ├── SessionNotFound       NOT_FOUND            SESSION_NOT_FOUND   (alias UnknownSession)
      ├── UnknownTenant         NOT_FOUND            UNKNOWN_TENANT
      ├── UnknownRuntime        NOT_FOUND            UNKNOWN_RUNTIME
@@ -47,6 +48,13 @@ class InvalidLoadout(InvalidArgument):
     "model.provider", "tools[1].transport")."""
 
     reason = "INVALID_LOADOUT"
+
+
+class WeakApiKey(InvalidArgument):
+    """A caller-chosen API key too short or too uniform to be safe (or not
+    printable); `field` is "key"."""
+
+    reason = "WEAK_API_KEY"
 
 
 class SessionNotFound(KernelError):

@@ -8,9 +8,12 @@ editor or a CLI can point at it.
 
 Secrets never appear in a loadout: it names the environment variable of the
 runner that holds them (`apiKeyEnv`, `headersEnv`, an MCP child's `env`).
-Such a name is `^[A-Z_][A-Z0-9_]*$` and never starts with `KEEL_`, so a
+Such a name is `[A-Z_][A-Z0-9_]*` and never starts with `KEEL_`, so a
 loadout cannot make a runner hand its own configuration (internal tokens,
-database URLs) to a model provider or a tool server.
+database URLs) to a model provider or a tool server. Which of the other
+names a tenant may use, and where its model may be called, is the
+operator's policy: a second step the kernel applies with the tenant's id
+(kernel.loadout_secrets), while this schema is the same for every tenant.
 
 `null` counts as absent for optional fields, as the runner's and the
 compaction service's readers of the same fields treat it; the shapes here are
@@ -34,23 +37,23 @@ PROVIDERS = ("openai", "anthropic", "scripted")
 # The runner's built-in tools (services.runner.tools.builtin_tools).
 BUILTIN_TOOLS = ("clock", "sleep", "counter")
 MCP_TRANSPORTS = ("stdio", "http")
-_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 _RESERVED_ENV_PREFIX = "KEEL_"
 # An HTTP header name (RFC 9110 token).
-_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_TOOL_SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_TOOL_SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 _SHOWN_CHARS = 60
-_PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
 # Counts are stored in 32-bit columns (admission slots) or sent to SDKs.
 MAX_INTEGER = 2**31 - 1
 
 Check = Callable[[Any, str], None]
 
 
-def _child(field: str, name: Any) -> str:
+def member_path(field: str, name: Any) -> str:
     """The path of an object's member: `model.name`, or `env["odd.name"]`
     when the name would make a dotted path ambiguous."""
-    if isinstance(name, str) and _PLAIN_NAME.match(name):
+    if isinstance(name, str) and _PLAIN_NAME.fullmatch(name):
         return f"{field}.{name}" if field else name
     return f"{field}[{json.dumps(str(name))}]"
 
@@ -136,7 +139,7 @@ def _one_of(choices: tuple[str, ...]) -> Check:
 def _env_name(value: Any, field: str) -> None:
     """The name of a runner environment variable that holds a secret."""
     _string(value, field)
-    if not _ENV_NAME.match(value):
+    if not _ENV_NAME.fullmatch(value):
         raise _refuse(
             field,
             "must name an environment variable (capitals, digits and '_', e.g. "
@@ -180,20 +183,20 @@ def _map_of(key: Check, value_check: Check) -> Check:
         if not isinstance(value, dict):
             raise _refuse(field, f"must be an object, got {_kind(value)}")
         for name, element in value.items():
-            key(name, _child(field, name))
-            value_check(element, _child(field, name))
+            key(name, member_path(field, name))
+            value_check(element, member_path(field, name))
 
     return check
 
 
 def _header_name(value: Any, field: str) -> None:
-    if not isinstance(value, str) or not _HEADER_NAME.match(value):
+    if not isinstance(value, str) or not _HEADER_NAME.fullmatch(value):
         raise _refuse(field, "is not a valid HTTP header name")
 
 
 def _tool_source_name(value: Any, field: str) -> None:
     _string(value, field)
-    if not _TOOL_SOURCE_NAME.match(value):
+    if not _TOOL_SOURCE_NAME.fullmatch(value):
         raise _refuse(
             field,
             f"must be 1-64 letters, digits or '_.-', starting alphanumeric; got {_shown(value)}",
@@ -221,7 +224,7 @@ def _object(
     if not isinstance(value, dict):
         raise _refuse(field, f"must be an object, got {_kind(value)}")
     for name, element in value.items():
-        path = _child(field, name)
+        path = member_path(field, name)
         check = fields.get(name)
         if check is None:
             known = ", ".join(fields)
@@ -230,7 +233,7 @@ def _object(
             check(element, path)
     for name in required:
         if value.get(name) is None:
-            raise _refuse(_child(field, name), "is required")
+            raise _refuse(member_path(field, name), "is required")
     return value
 
 

@@ -80,7 +80,13 @@ class KernelServer:
         await asyncio.to_thread(self.leases.reconcile_slots)
         self.attachments = Attachments(self.leases, self.registry, self.config.attach_heartbeat_ms)
         self.servicer = KernelServicer(
-            self.leases, self.registry, self.tenants, self.attachments, self.waker, self.config
+            self.leases,
+            self.registry,
+            self.tenants,
+            self.attachments,
+            self.waker,
+            self.config,
+            secrets=self.settings.secrets,
         )
         self.running = await serve_services(
             [kernel_service(self.servicer)], self.address, self.settings

@@ -2,7 +2,9 @@
 
 Every request is validated here (ids, epochs, waits, documents) and turned
 into a clear INVALID_ARGUMENT before it reaches a store; store calls run in
-worker threads so a slow database never blocks the event loop.
+worker threads so a slow database never blocks the event loop. A loadout is
+checked against the schema and then, with its tenant's id, against the
+operator's `SecretPolicy` (kernel.loadout_secrets).
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from kernel.config import KernelConfig
 from kernel.domain import DrainMode, Lease, check_id
 from kernel.errors import InvalidArgument
 from kernel.expiry import Attachments
+from kernel.loadout_secrets import check_loadout_secrets
 from kernel.registry import Registration, RegistryStore
 from kernel.revocations import RevocationFeed
 from kernel.store import LeaseStore
 from kernel.tenancy import TenantStore, parse_document
 from kernel.waker import ClaimWaker
 from services.common.errors import stream_errors, unary_errors
+from services.common.secrets import SecretPolicy
 from services.common.serving import GrpcService
 
 log = logging.getLogger("keel.kernel.servicer")
@@ -79,6 +83,8 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         attachments: Attachments,
         waker: ClaimWaker,
         config: KernelConfig,
+        *,
+        secrets: SecretPolicy | None = None,
     ) -> None:
         self._leases = leases
         self._registry = registry
@@ -86,6 +92,9 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         self._attachments = attachments
         self._waker = waker
         self._recheck_s = config.recheck_ms / 1000
+        # The operator's grants (Settings.secrets); by default none, so a
+        # loadout may name no secret at all.
+        self._secrets = secrets or SecretPolicy()
         self._revocations = RevocationFeed(tenants)
         # Releases of leases whose claimer went away (see _claim_once).
         self._handing_back: set[asyncio.Future[None]] = set()
@@ -317,6 +326,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
     ) -> pb.PutLoadoutResponse:
         tenant_id = check_id(request.tenant_id, "tenant_id")
         document = parse_document(request.document_json)
+        check_loadout_secrets(document, tenant_id, self._secrets)
         expected = _non_negative(request.expected_revision, "expected_revision")
         revision = await asyncio.to_thread(self._tenants.put_loadout, tenant_id, document, expected)
         # A raised admission limit may let waiting sessions run now.

@@ -40,12 +40,15 @@ from kernel.errors import (
     LoadoutNotFound,
     RevisionMismatch,
     UnknownTenant,
+    WeakApiKey,
 )
 from kernel.loadout import validate_loadout
 from kernel.store import Clock, now_ms
 
 MAX_DOCUMENT_BYTES = 256 << 10
 MAX_KEY_CHARS = 512
+MIN_KEY_CHARS = 24
+MIN_KEY_DISTINCT_CHARS = 10
 
 
 @dataclass(frozen=True)
@@ -98,12 +101,25 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def check_key(key: str) -> str:
-    if not key or len(key) > MAX_KEY_CHARS or not key.isprintable() or " " in key:
-        raise InvalidArgument(
-            f"an API key must be 1-{MAX_KEY_CHARS} printable characters without spaces",
-            field="key",
+def key_weakness(key: str) -> str | None:
+    """Why `key` is not fit to be an API key, or None. Keys Keel makes are 43
+    random characters; one an operator chooses (KEEL_DEV_KEY, CreateApiKey
+    with a key) must be long and varied enough not to be guessed."""
+    if len(key) > MAX_KEY_CHARS or not key.isprintable() or " " in key:
+        return f"an API key is at most {MAX_KEY_CHARS} printable characters without spaces"
+    if len(key) < MIN_KEY_CHARS or len(set(key)) < MIN_KEY_DISTINCT_CHARS:
+        return (
+            f"an API key needs at least {MIN_KEY_CHARS} characters, {MIN_KEY_DISTINCT_CHARS} "
+            "of them different (e.g. "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
         )
+    return None
+
+
+def check_key(key: str) -> str:
+    weakness = key_weakness(key)
+    if weakness is not None:
+        raise WeakApiKey(weakness, field="key")
     return key
 
 

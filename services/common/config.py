@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from services.common.secrets import SecretPolicy
+
 DEFAULT_LEASE_MS = 30_000
 DEFAULT_MAX_FACT_BYTES = 1 << 20
 
@@ -37,8 +39,19 @@ class Settings:
     data_dir: Path = field(default_factory=lambda: Path(".keel"))
     lease_ms: int = DEFAULT_LEASE_MS
     max_fact_bytes: int = DEFAULT_MAX_FACT_BYTES
-    # Shared token every internal gRPC call must carry ("" disables the check).
+    # Shared token every internal gRPC call must carry ("" disables the check;
+    # the `keel <service>` commands refuse to start without it or mTLS).
     internal_token: str = ""
+    # Internal gRPC over TLS: PEM files. With a CA, each side also checks the
+    # other's certificate against it (mutual TLS).
+    grpc_tls_cert: str = ""
+    grpc_tls_key: str = ""
+    grpc_tls_ca: str = ""
+    # The name to verify in servers' certificates when it differs from the
+    # address dialled (e.g. certificates issued for a service DNS name).
+    grpc_tls_server_name: str = ""
+    # Which secrets each tenant may name and where model calls may go.
+    secrets: SecretPolicy = field(default_factory=SecretPolicy)
     # "none", "console" or "otlp".
     otel_exporter: str = "none"
     log_level: str = "INFO"
@@ -50,6 +63,10 @@ class Settings:
         """Whether gRPC calls carry spans: only when they go somewhere, since
         the instrumentation costs every call a share of a turn's budget."""
         return self.otel_exporter.lower() != "none"
+
+    @property
+    def grpc_tls(self) -> bool:
+        return bool(self.grpc_tls_cert or self.grpc_tls_key or self.grpc_tls_ca)
 
     @property
     def uses_postgres(self) -> bool:
@@ -71,6 +88,11 @@ class Settings:
             lease_ms=_int(env, "KEEL_LEASE_MS", DEFAULT_LEASE_MS),
             max_fact_bytes=_int(env, "KEEL_MAX_FACT_BYTES", DEFAULT_MAX_FACT_BYTES),
             internal_token=env.get("KEEL_INTERNAL_TOKEN", ""),
+            grpc_tls_cert=env.get("KEEL_GRPC_TLS_CERT", ""),
+            grpc_tls_key=env.get("KEEL_GRPC_TLS_KEY", ""),
+            grpc_tls_ca=env.get("KEEL_GRPC_TLS_CA", ""),
+            grpc_tls_server_name=env.get("KEEL_GRPC_TLS_SERVER_NAME", ""),
+            secrets=SecretPolicy.from_env(env),
             otel_exporter=env.get("KEEL_OTEL_EXPORTER", "none"),
             log_level=env.get("KEEL_LOG_LEVEL", "INFO"),
             pg_schema=env.get("KEEL_PG_SCHEMA", "public"),

@@ -37,7 +37,12 @@ from services.runner.attempt import (
 from services.runner.config import RunnerConfig
 from services.runner.factcache import FactCache, SessionHistory
 from services.runner.hub import PartialHub
-from services.runner.providers import Provider, ProviderError, provider_from_loadout
+from services.runner.providers import (
+    ModelConfigError,
+    Provider,
+    ProviderError,
+    provider_from_loadout,
+)
 from services.runner.tools import CounterStore, Tool, ToolRegistry, builtin_tools
 
 log = logging.getLogger("keel.runner")
@@ -172,10 +177,14 @@ class Runtime:
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            # Could not even start (e.g. the loadout is unreadable): settle as
-            # a failed attempt so the kernel backs off instead of the session
-            # waiting for the lease to expire.
-            log.exception("attempt on %s could not start", lease.session_id)
+            # Could not even start (the loadout is unreadable, its model
+            # misconfigured or refused by the operator's policy): settle as a
+            # failed attempt so the kernel backs off, then parks the session,
+            # instead of the session waiting for the lease to expire.
+            if isinstance(error, ModelConfigError):
+                log.warning("attempt on %s could not start: %s", lease.session_id, error)
+            else:
+                log.exception("attempt on %s could not start", lease.session_id)
             with contextlib.suppress(Exception):
                 await self.kernel.finish(
                     lease.session_id,
@@ -192,11 +201,15 @@ class Runtime:
             if not self.in_flight:
                 self._idle.set()
 
-    def _provider(self, model: Mapping[str, Any]) -> Provider:
-        key = json.dumps(model, sort_keys=True)
+    def _provider(self, tenant_id: str, model: Mapping[str, Any]) -> Provider:
+        # Per tenant: a provider holds the key its tenant was granted, and
+        # another tenant writing the same model object must not reuse it.
+        key = json.dumps([tenant_id, model], sort_keys=True)
         provider = self._providers.get(key)
         if provider is None:
-            provider = provider_from_loadout(model)
+            provider = provider_from_loadout(
+                model, tenant_id=tenant_id, secrets=self.settings.secrets
+            )
             self._providers[key] = provider
         return provider
 
@@ -220,7 +233,8 @@ class Runtime:
         tools = ToolRegistry.for_loadout(
             loadout.tool_names, self._tools, self.config.tool_timeout_s
         )
-        attempt = Attempt(services, lease, loadout, self._provider(loadout.model), tools)
+        provider = self._provider(lease.tenant_id, loadout.model)
+        attempt = Attempt(services, lease, loadout, provider, tools)
         attempt.facts, attempt.parsed = history.facts, history.parsed
         try:
             await self._work(attempt)

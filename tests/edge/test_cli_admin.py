@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -22,6 +21,7 @@ import yaml
 
 from tests.runner.cluster import eventually
 from tests.support.keel_up import RunningKeel, keel_cli, keel_up
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -213,13 +213,6 @@ async def test_tenants_and_keys_through_the_cli(
     ).status_code == 401
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 async def test_without_a_key_or_a_keel_one_clear_line(running: RunningKeel) -> None:
     where = {"KEEL_DATA_DIR": str(running.data_dir)}
     for command in (
@@ -233,7 +226,7 @@ async def test_without_a_key_or_a_keel_one_clear_line(running: RunningKeel) -> N
         result = await keel_cli(*command, env=where)
         assert (result.returncode, result.stderr, result.stdout) == (2, NO_KEY_LINE, ""), command
 
-    nowhere = f"http://127.0.0.1:{_free_port()}"
+    nowhere = f"http://127.0.0.1:{free_port()}"
     result = await keel_cli("loadout", "get", "--url", nowhere, "--key", KEY)
     assert _one_error_line(result) == f"keel: no Keel at {nowhere} — is `keel up` running?"
     assert result.returncode == 1

@@ -18,9 +18,11 @@ from typing import Any
 import pytest
 
 from services.cli.chat_view import SseEvent
+from services.common.config import Settings
 from services.runner.server import RunnerServer
 from tests.edge.conftest import SseReader, Stack, parse
 from tests.runner.wire_servers import WireServer, data_frame, sse_reply
+from tests.support.ports import free_port
 
 MODEL = "gpt-test"
 
@@ -156,9 +158,21 @@ def text_reply(*pieces: str, finished: bool = True) -> list[str]:
 
 
 @pytest.fixture
-async def wire(stack: Stack) -> AsyncIterator[WireServer]:
+def wire_port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+def pg_settings(pg_settings: Settings, wire_port: int) -> Settings:
+    """The stack's settings, with the operator allowing the wire server."""
+    allowed = pg_settings.secrets.with_origin(f"http://127.0.0.1:{wire_port}")
+    return pg_settings.with_overrides(secrets=allowed)
+
+
+@pytest.fixture
+async def wire(stack: Stack, wire_port: int) -> AsyncIterator[WireServer]:
     """A local OpenAI-compatible server with no delay, serving tenant "default"."""
-    async with WireServer("/v1/chat/completions") as server:
+    async with WireServer("/v1/chat/completions", port=wire_port) as server:
         await stack.cluster.kernel.put_loadout(
             "default",
             {

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import sys
 from pathlib import Path
 
@@ -15,15 +14,9 @@ import httpx
 
 from services.cli.chat_view import SseParser
 from tests.processes import ChildProcess
+from tests.support.ports import free_port
 
 KEY = "make-run-test-key-0123456789abc"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 async def test_keel_up_serves_a_working_page(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ async def test_tenants_and_their_keys_are_listed_without_the_keys(client: Kernel
 
 async def test_a_revoked_key_fails_at_once_and_stays_revoked(client: KernelClient) -> None:
     await client.create_tenant("acme")
-    key, key_id = await client.create_api_key("acme", "acme-fixed-key-0123", admin=True)
+    key, key_id = await client.create_api_key("acme", "acme-fixed-key-0123456789abc", admin=True)
     other, _ = await client.create_api_key("acme")
     assert await client.authenticate(key) == ApiKeyGrant("acme", admin=True)
 
@@ -71,7 +71,7 @@ async def test_a_revoked_key_fails_at_once_and_stays_revoked(client: KernelClien
     assert listed.revoked_at_ms > 0
     # Registering the same fixed key again must not undo the revocation.
     with pytest.raises(ApiKeyExists):
-        await client.create_api_key("acme", "acme-fixed-key-0123", admin=True)
+        await client.create_api_key("acme", "acme-fixed-key-0123456789abc", admin=True)
     with pytest.raises(InvalidApiKey):
         await client.authenticate(key)
     # Only that key: the tenant's others still work.
@@ -116,7 +116,10 @@ async def test_revocations_through_another_replica_reach_the_watchers(
     first = await KernelServer(settings, config=FAST).start()
     second = await KernelServer(settings, config=FAST).start()
     try:
-        async with KernelClient(first.target) as a, KernelClient(second.target) as b:
+        async with (
+            KernelClient(first.target, first.settings) as a,
+            KernelClient(second.target, second.settings) as b,
+        ):
             await a.create_tenant("acme")
             key, key_id = await a.create_api_key("acme")
             assert (await b.authenticate(key)).tenant_id == "acme"

@@ -16,10 +16,23 @@ from hypothesis import strategies as st
 from compaction.policy.trigger import settings_from_dict
 from kernel import DEFAULT_LOADOUT, InvalidArgument, InvalidLoadout, validate_loadout
 from kernel.loadout import BUILTIN_TOOLS
+from kernel.loadout_secrets import check_loadout_secrets
 from kernel.tenancy import parse_document
+from services.common.secrets import SecretPolicy
 from services.runner.attempt import Loadout
 from services.runner.providers import provider_from_loadout
 from services.runner.tools import CounterStore, builtin_tools
+
+# What an operator allows the tenant these documents are written for: the
+# schema is the same for everyone, the policy is this tenant's.
+TENANT = "acme"
+POLICY = (
+    SecretPolicy()
+    .with_grant(TENANT, "OPENAI_API_KEY")
+    .with_grant(TENANT, "ANTHROPIC_API_KEY")
+    .with_origin("http://127.0.0.1:9999")
+    .with_origin("http://127.0.0.1:1")
+)
 
 FULL: dict[str, Any] = {
     "systemPrompt": "You are terse.",
@@ -247,7 +260,8 @@ def test_the_runner_reads_tools_of_both_shapes() -> None:
 )
 def test_an_accepted_model_builds_its_provider(model: dict[str, Any]) -> None:
     validate_loadout({"model": model})
-    provider = provider_from_loadout(model)
+    check_loadout_secrets({"model": model}, TENANT, POLICY)
+    provider = provider_from_loadout(model, tenant_id=TENANT, secrets=POLICY, env={})
     assert provider.model
 
 
@@ -338,7 +352,13 @@ def _accepted_or_refused(document: Any) -> None:
     model = dict(loadout.model)
     if model.get("provider", "scripted") != "scripted":
         model["baseUrl"] = "http://127.0.0.1:1/v1"  # so no API key is needed
-    provider_from_loadout(model)
+    # ... and what the operator's policy accepts too.
+    try:
+        check_loadout_secrets({**accepted, "model": model}, TENANT, POLICY)
+    except InvalidLoadout as error:
+        assert error.metadata.get("field")
+        return
+    provider_from_loadout(model, tenant_id=TENANT, secrets=POLICY, env={})
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])

@@ -70,7 +70,7 @@ async def test_a_session_round_trip(client: KernelClient) -> None:
 
 
 async def test_enqueue_wakes_a_waiting_claim(evented: KernelServer) -> None:
-    async with KernelClient(evented.target) as client:
+    async with KernelClient(evented.target, evented.settings) as client:
         await client.register_runtime("r1")
         waiting = asyncio.create_task(client.claim("r1", wait_ms=300_000))
         await client.enqueue("s1", "t1", 1)
@@ -79,7 +79,7 @@ async def test_enqueue_wakes_a_waiting_claim(evented: KernelServer) -> None:
 
 
 async def test_release_wakes_a_waiting_claim(evented: KernelServer) -> None:
-    async with KernelClient(evented.target) as client:
+    async with KernelClient(evented.target, evented.settings) as client:
         await client.register_runtime("r1")
         await client.register_runtime("r2")
         await client.enqueue("s1", "t1", 1)
@@ -92,7 +92,7 @@ async def test_release_wakes_a_waiting_claim(evented: KernelServer) -> None:
 
 
 async def test_undraining_wakes_a_waiting_claim(evented: KernelServer) -> None:
-    async with KernelClient(evented.target) as client:
+    async with KernelClient(evented.target, evented.settings) as client:
         await client.register_runtime("r1")
         await client.set_drain("r1", "handoff")
         await client.enqueue("s1", "t1", 1)
@@ -106,7 +106,10 @@ async def test_undraining_wakes_a_waiting_claim(evented: KernelServer) -> None:
 
 
 async def test_a_closed_attachment_hands_its_leases_over_at_once(evented: KernelServer) -> None:
-    async with KernelClient(evented.target) as owner, KernelClient(evented.target) as successor:
+    async with (
+        KernelClient(evented.target, evented.settings) as owner,
+        KernelClient(evented.target, evented.settings) as successor,
+    ):
         await owner.register_runtime("owner")
         await successor.register_runtime("successor")
         await owner.enqueue("s1", "t1", 1)
@@ -137,7 +140,7 @@ async def _attached(client: KernelClient, runtime_id: str, expected: bool) -> bo
 
 async def test_a_kernel_restart_expires_nothing(long_ttl: Settings) -> None:
     server = await KernelServer(long_ttl, config=FAST).start()
-    async with KernelClient(server.target) as client:
+    async with KernelClient(server.target, server.settings) as client:
         await client.register_runtime("r1")
         await client.enqueue("s1", "t1", 1)
         attachment = client.attach("r1")
@@ -148,7 +151,7 @@ async def test_a_kernel_restart_expires_nothing(long_ttl: Settings) -> None:
         assert not attachment.closed, "the runtime keeps trying to re-attach"
     restarted = await KernelServer(long_ttl, config=FAST).start()
     try:
-        async with KernelClient(restarted.target) as client:
+        async with KernelClient(restarted.target, restarted.settings) as client:
             info = await client.get_lease("s1")
             assert info.lease is not None and info.lease.epoch == lease.epoch
             assert await client.renew("s1", lease.epoch, "r1") > 0
@@ -160,7 +163,7 @@ async def test_ttl_expiry_through_the_service_is_a_reclaim(settings: Settings) -
     short = settings.with_overrides(lease_ms=100)
     server = await KernelServer(short, config=FAST).start()
     try:
-        async with KernelClient(server.target) as client:
+        async with KernelClient(server.target, server.settings) as client:
             await client.register_runtime("r1")
             await client.register_runtime("r2")
             await client.enqueue("s1", "t1", 1)
@@ -212,16 +215,18 @@ async def test_tenants_keys_and_loadouts(client: KernelClient) -> None:
     key, key_id = await client.create_api_key("acme")
     assert key and key_id
     assert await client.authenticate(key) == ApiKeyGrant("acme", admin=False, operator=False)
-    assert await client.create_api_key("acme", "fixed-dev-key", admin=True) == (
-        "fixed-dev-key",
-        (await client.create_api_key("acme", "fixed-dev-key", admin=True))[1],
+    assert await client.create_api_key("acme", "fixed-dev-key-0123456789abc", admin=True) == (
+        "fixed-dev-key-0123456789abc",
+        (await client.create_api_key("acme", "fixed-dev-key-0123456789abc", admin=True))[1],
     )
-    assert await client.authenticate("fixed-dev-key") == ApiKeyGrant("acme", True, False)
+    assert await client.authenticate("fixed-dev-key-0123456789abc") == ApiKeyGrant(
+        "acme", True, False
+    )
     operator, _ = await client.create_api_key("acme", admin=True, operator=True)
     assert await client.authenticate(operator) == ApiKeyGrant("acme", True, operator=True)
     loadout = await client.get_loadout("acme")
     assert loadout.revision == 0 and loadout.document == DEFAULT_LOADOUT
-    document = {"model": {"provider": "openai", "name": "gpt"}, "maxConcurrentRuns": 4}
+    document = {"model": {"provider": "scripted", "name": "s2"}, "maxConcurrentRuns": 4}
     assert await client.put_loadout("acme", document) == 1
     assert (await client.get_loadout("acme")).document == document
     assert (await client.get_loadout("acme", 1)).revision == 1
@@ -250,7 +255,7 @@ async def test_concurrent_claimers_never_share_a_session(
     claims: list[tuple[str, int]] = []
     problems: list[str] = []
     try:
-        async with KernelClient(server.target) as admin:
+        async with KernelClient(server.target, server.settings) as admin:
             await admin.create_tenant("t1")
             await admin.put_loadout("t1", {"maxConcurrentRuns": 100})
             for session in sessions:
@@ -258,7 +263,7 @@ async def test_concurrent_claimers_never_share_a_session(
 
         async def claimer(runtime_id: str, seed: int) -> None:
             rng = random.Random(seed)
-            async with KernelClient(server.target) as client:
+            async with KernelClient(server.target, server.settings) as client:
                 await client.register_runtime(runtime_id)
                 while (lease := await client.claim(runtime_id, wait_ms=200)) is not None:
                     claims.append((lease.session_id, lease.epoch))
@@ -289,7 +294,7 @@ async def test_concurrent_claimers_never_share_a_session(
 
 @pytest.fixture
 async def stub(kernel: KernelServer) -> AsyncIterator[pb_grpc.KernelServiceAsyncStub]:
-    channel = open_channel(kernel.target, Settings())
+    channel = open_channel(kernel.target, kernel.settings)
     try:
         yield pb_grpc.KernelServiceStub(channel)
     finally:

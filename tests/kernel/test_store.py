@@ -225,18 +225,20 @@ def test_tenants_keys_and_loadouts(stores: Stores) -> None:
     assert tenants.authenticate(key) == ApiKeyGrant("acme", admin=False, operator=False)
     stored = stores.database.run(lambda tx: tx.rows("SELECT key_hash FROM api_keys"))
     assert stored == [(hash_key(key),)], "only the hash is stored"
-    dev, dev_id = tenants.create_api_key("acme", "dev-key-1", admin=True)
-    assert dev == "dev-key-1"
-    assert tenants.create_api_key("acme", "dev-key-1", admin=True) == ("dev-key-1", dev_id)
-    assert tenants.authenticate("dev-key-1") == ApiKeyGrant("acme", admin=True, operator=False)
+    # A caller-chosen key (a fixed dev key) of the strength keys must have.
+    dev_key = "dev-key-1-0123456789abcdef"
+    dev, dev_id = tenants.create_api_key("acme", dev_key, admin=True)
+    assert dev == dev_key
+    assert tenants.create_api_key("acme", dev_key, admin=True) == (dev_key, dev_id)
+    assert tenants.authenticate(dev_key) == ApiKeyGrant("acme", admin=True, operator=False)
     # Creating a known key again with other rights grants those rights.
-    assert tenants.create_api_key("acme", "dev-key-1", admin=True, operator=True)[1] == dev_id
-    assert tenants.authenticate("dev-key-1") == ApiKeyGrant("acme", admin=True, operator=True)
+    assert tenants.create_api_key("acme", dev_key, admin=True, operator=True)[1] == dev_id
+    assert tenants.authenticate(dev_key) == ApiKeyGrant("acme", admin=True, operator=True)
     ops, _ = tenants.create_api_key("acme", "", admin=False, operator=True)
     assert tenants.authenticate(ops) == ApiKeyGrant("acme", admin=False, operator=True)
     tenants.create_tenant("other", "")
     with pytest.raises(ApiKeyExists):
-        tenants.create_api_key("other", "dev-key-1", admin=False)
+        tenants.create_api_key("other", dev_key, admin=False)
     with pytest.raises(InvalidApiKey):
         tenants.authenticate("wrong")
     with pytest.raises(InvalidApiKey):

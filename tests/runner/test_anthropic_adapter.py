@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from compaction.policy import message_from_dict
+from services.common.secrets import SecretPolicy
 from services.runner.providers import (
     AnthropicMessages,
     Completed,
@@ -396,21 +397,24 @@ async def test_consumer_can_stop_mid_stream(
     await stream.aclose()
 
 
-async def test_loadout_builds_the_adapter(
-    server: WireServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("KEEL_TEST_ANTHROPIC_KEY", "from-env")
+async def test_loadout_builds_the_adapter(server: WireServer) -> None:
+    # The operator allows the test's server and grants the variable to the
+    # tenant; the runner refuses both otherwise.
+    policy = SecretPolicy().with_grant("acme", "TEST_ANTHROPIC_KEY").with_origin(server.url)
     thinking = {"type": "enabled", "budget_tokens": 1024}
     adapter = provider_from_loadout(
         {
             "provider": "anthropic",
             "name": MODEL,
             "baseUrl": server.url,
-            "apiKeyEnv": "KEEL_TEST_ANTHROPIC_KEY",
+            "apiKeyEnv": "TEST_ANTHROPIC_KEY",
             "contextWindow": 200_000,
             "maxOutputTokens": 2048,
             "thinking": thinking,
-        }
+        },
+        tenant_id="acme",
+        secrets=policy,
+        env={"TEST_ANTHROPIC_KEY": "from-env"},
     )
     try:
         assert isinstance(adapter, AnthropicMessages)

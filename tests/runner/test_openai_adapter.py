@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from services.common.secrets import SecretPolicy
 from services.runner.providers import (
     Completed,
     ContextOverflow,
@@ -369,19 +370,22 @@ async def test_unreachable_server_is_retryable() -> None:
         await adapter.aclose()
 
 
-async def test_loadout_builds_the_adapter(
-    server: WireServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("KEEL_TEST_OPENAI_KEY", "from-env")
+async def test_loadout_builds_the_adapter(server: WireServer) -> None:
+    # The operator allows the test's server and grants the variable to the
+    # tenant; the runner refuses both otherwise.
+    policy = SecretPolicy().with_grant("acme", "TEST_OPENAI_KEY").with_origin(server.url)
     adapter = provider_from_loadout(
         {
             "provider": "openai",
             "name": MODEL,
             "baseUrl": f"{server.url}/v1",
-            "apiKeyEnv": "KEEL_TEST_OPENAI_KEY",
+            "apiKeyEnv": "TEST_OPENAI_KEY",
             "contextWindow": 8192,
             "maxOutputTokens": 100,
-        }
+        },
+        tenant_id="acme",
+        secrets=policy,
+        env={"TEST_OPENAI_KEY": "from-env"},
     )
     try:
         assert isinstance(adapter, OpenAICompatible)

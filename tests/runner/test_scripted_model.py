@@ -20,6 +20,7 @@ from compaction.policy import (
     prepare,
     to_entries,
 )
+from services.common.secrets import SecretPolicy
 from services.runner.providers import (
     Completed,
     ContextOverflow,
@@ -472,7 +473,9 @@ async def test_attachments_do_not_change_the_command() -> None:
 
 
 def test_loadout_builds_the_scripted_model() -> None:
-    default = provider_from_loadout({})
+    # The scripted model reads no secret: no grant is needed.
+    nothing = SecretPolicy()
+    default = provider_from_loadout({}, tenant_id="t", secrets=nothing)
     assert isinstance(default, ScriptedModel)
     assert (default.name, default.model, default.context_window) == (
         "scripted",
@@ -480,7 +483,9 @@ def test_loadout_builds_the_scripted_model() -> None:
         128_000,
     )
     custom = provider_from_loadout(
-        {"provider": "scripted", "name": "s2", "contextWindow": 4096, "tokenDelayMs": 5}
+        {"provider": "scripted", "name": "s2", "contextWindow": 4096, "tokenDelayMs": 5},
+        tenant_id="t",
+        secrets=nothing,
     )
     assert isinstance(custom, ScriptedModel)
     assert (custom.model, custom.context_window) == ("s2", 4096)
@@ -493,14 +498,13 @@ def test_loadout_builds_the_scripted_model() -> None:
         ({"provider": "openai"}, "needs a 'name'"),
         ({"provider": "scripted", "contextWindow": "big"}, "'contextWindow' must be an integer"),
         ({"provider": "scripted", "tokenDelayMs": -1}, "'tokenDelayMs' must be an integer"),
-        ({"provider": "openai", "name": "m", "apiKeyEnv": "KEEL_TEST_NO_KEY"}, "$KEEL_TEST_NO_KEY"),
+        ({"provider": "openai", "name": "m", "apiKeyEnv": "TEST_NO_KEY"}, "key in $TEST_NO_KEY"),
+        ({"provider": "openai", "name": "m", "apiKeyEnv": "UNGRANTED"}, "not granted $UNGRANTED"),
         ({"provider": "anthropic", "name": "m", "thinking": "on"}, "'thinking' must be an object"),
     ],
 )
-def test_loadout_errors_are_clear(
-    model: dict[str, Any], message: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("KEEL_TEST_NO_KEY", raising=False)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+def test_loadout_errors_are_clear(model: dict[str, Any], message: str) -> None:
+    policy = SecretPolicy().with_grant("t", "TEST_NO_KEY").with_grant("t", "ANTHROPIC_API_KEY")
+    env = {"ANTHROPIC_API_KEY": "k", "UNGRANTED": "someone else's"}
     with pytest.raises(ValueError, match=message.replace("$", r"\$")):
-        provider_from_loadout(model)
+        provider_from_loadout(model, tenant_id="t", secrets=policy, env=env)

@@ -62,7 +62,9 @@ class Received:
 
 @dataclass
 class WireServer:
-    """Serves `path` on 127.0.0.1 (a free port) until the context exits."""
+    """Serves `path` on 127.0.0.1 until the context exits: on `port`, or a
+    free port when it is 0 (a port fixed up front lets a test allow the
+    server's origin before the server runs)."""
 
     path: str
     replies: list[Reply] = field(default_factory=list)
@@ -101,7 +103,7 @@ class WireServer:
         config = uvicorn.Config(
             app,
             host="127.0.0.1",
-            port=0,
+            port=self.port,
             log_level="warning",
             access_log=False,
             lifespan="off",

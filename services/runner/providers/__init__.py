@@ -1,7 +1,8 @@
 """Model providers: the contract (`base`), the offline scripted model and the
 two real wire protocols, plus the factory that builds one from a loadout.
 
-    provider_from_loadout(model) -> Provider     model: the loadout's "model" object
+    provider_from_loadout(model, tenant_id=, secrets=) -> Provider
+                                                  model: the loadout's "model" object
     ScriptedModel                                 offline, deterministic (default)
     OpenAICompatible                              chat completions, `openai` SDK
     AnthropicMessages                             messages API, `anthropic` SDK
@@ -9,6 +10,13 @@ two real wire protocols, plus the factory that builds one from a loadout.
 The two SDK adapters are imported on first use: the SDKs take well over a
 second to import, which a runner on the default scripted model (and every
 restart of a runner process) should not pay.
+
+A model's key is read from the runner's environment only through the
+operator's `SecretPolicy`, for the tenant whose loadout it is, and a model is
+only called at an origin the policy allows: the kernel checked both when the
+loadout was written, this checks them again at call time, so a grant the
+operator withdrew since then (a runner restarted with another policy) is
+refused here (kernel.loadout_secrets has the rules).
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from kernel.loadout_secrets import DEFAULT_KEY_ENV, OFFICIAL_BASE_URL, origin_refused
+from services.common.secrets import SecretNotGranted, SecretPolicy
 from services.runner.providers.base import (
     Completed,
     ContextOverflow,
@@ -42,6 +52,7 @@ __all__ = [
     "AnthropicMessages",
     "Completed",
     "ContextOverflow",
+    "ModelConfigError",
     "ModelRequest",
     "OpenAICompatible",
     "Provider",
@@ -58,7 +69,6 @@ __all__ = [
 ]
 
 PROVIDER_KINDS = ("scripted", "openai", "anthropic")
-_DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 # Sent when a custom base URL needs no key (a local OpenAI-compatible server):
 # the SDKs refuse to build a client without one.
 _NO_KEY = "unused"
@@ -75,18 +85,33 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def provider_from_loadout(model: Mapping[str, Any]) -> Provider:
-    """Build the provider a loadout's `model` object describes.
+class ModelConfigError(ValueError):
+    """A loadout's model cannot be built: malformed, an unknown provider, a
+    missing key, or a secret or origin the operator does not allow. The
+    attempt fails with this message; nothing is sent anywhere."""
+
+
+def provider_from_loadout(
+    model: Mapping[str, Any],
+    *,
+    tenant_id: str,
+    secrets: SecretPolicy,
+    env: Mapping[str, str] | None = None,
+) -> Provider:
+    """Build the provider a loadout's `model` object describes, for the
+    tenant whose loadout it is, reading its key from `env` (default: the
+    process's environment) through the operator's `secrets` policy.
 
     `{"provider": "scripted"|"openai"|"anthropic", "name", "baseUrl"?,
     "apiKeyEnv"?, "contextWindow"?, "maxOutputTokens"?, "tokenDelayMs"?,
     "thinking"? (anthropic only: the API's thinking config)}`.
-    A missing provider means the scripted model. Raises ValueError on a
-    malformed object, an unknown provider or a missing API key.
+    A missing provider means the scripted model. Raises ModelConfigError
+    (a ValueError) on a malformed object, an unknown provider, a missing API
+    key, a variable not granted to the tenant or an origin not allowed.
     """
     kind = model.get("provider", "scripted")
     if kind not in PROVIDER_KINDS:
-        raise ValueError(
+        raise ModelConfigError(
             f"unknown model provider {kind!r}; expected one of {', '.join(PROVIDER_KINDS)}"
         )
     context_window = _optional_int(model, "contextWindow")
@@ -100,13 +125,20 @@ def provider_from_loadout(model: Mapping[str, Any]) -> Provider:
         )
     name = _optional_str(model, "name")
     if not name:
-        raise ValueError(f"a {kind} model needs a 'name'")
-    base_url = _optional_str(model, "baseUrl")
-    key_env = _optional_str(model, "apiKeyEnv") or _DEFAULT_KEY_ENV[kind]
-    api_key = os.environ.get(key_env)
+        raise ModelConfigError(f"a {kind} model needs a 'name'")
+    given_url = _optional_str(model, "baseUrl")
+    # Always explicit: left unset, the SDKs would read *_BASE_URL from the
+    # runner's environment and call somewhere no check has seen.
+    base_url = given_url or OFFICIAL_BASE_URL[kind]
+    if not secrets.allows_origin(base_url):
+        raise ModelConfigError(f"the {kind} model {name!r}: {origin_refused(base_url, secrets)}")
+    api_key = _api_key(model, kind, tenant_id, secrets, os.environ if env is None else env)
     if not api_key:
-        if base_url is None:
-            raise ValueError(f"the {kind} model {name!r} needs an API key in ${key_env}")
+        if given_url is None:
+            key_env = _optional_str(model, "apiKeyEnv") or DEFAULT_KEY_ENV[kind]
+            raise ModelConfigError(f"the {kind} model {name!r} needs an API key in ${key_env}")
+        # A server of the tenant's own that needs no key; the SDKs must be
+        # given one, or they would read the runner's default variable.
         api_key = _NO_KEY
     if kind == "openai":
         from services.runner.providers.openai_compat import OpenAICompatible
@@ -120,7 +152,7 @@ def provider_from_loadout(model: Mapping[str, Any]) -> Provider:
         )
     thinking = model.get("thinking")
     if thinking is not None and not isinstance(thinking, Mapping):
-        raise ValueError(f"'thinking' must be an object, got {thinking!r}")
+        raise ModelConfigError(f"'thinking' must be an object, got {thinking!r}")
     from services.runner.providers.anthropic_messages import AnthropicMessages
 
     return AnthropicMessages(
@@ -133,11 +165,31 @@ def provider_from_loadout(model: Mapping[str, Any]) -> Provider:
     )
 
 
+def _api_key(
+    model: Mapping[str, Any],
+    kind: str,
+    tenant_id: str,
+    secrets: SecretPolicy,
+    env: Mapping[str, str],
+) -> str | None:
+    """The key the tenant's model sends. A variable the loadout names must be
+    granted to the tenant; without one, the default variable is read only if
+    it is granted (a `baseUrl` server may need no key)."""
+    named = _optional_str(model, "apiKeyEnv")
+    if named is None:
+        default = DEFAULT_KEY_ENV[kind]
+        return env.get(default) if secrets.may_read(tenant_id, default) else None
+    try:
+        return secrets.read(tenant_id, named, env)
+    except SecretNotGranted as refused:
+        raise ModelConfigError(f"the {kind} model's apiKeyEnv: {refused}") from None
+
+
 def _optional_str(model: Mapping[str, Any], key: str) -> str | None:
     value = model.get(key)
     if value is None or isinstance(value, str):
         return value
-    raise ValueError(f"model {key!r} must be a string, got {value!r}")
+    raise ModelConfigError(f"model {key!r} must be a string, got {value!r}")
 
 
 def _optional_int(model: Mapping[str, Any], key: str, *, minimum: int = 1) -> int | None:
@@ -145,5 +197,5 @@ def _optional_int(model: Mapping[str, Any], key: str, *, minimum: int = 1) -> in
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"model {key!r} must be an integer >= {minimum}, got {value!r}")
+        raise ModelConfigError(f"model {key!r} must be an integer >= {minimum}, got {value!r}")
     return value

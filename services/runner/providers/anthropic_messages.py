@@ -18,6 +18,7 @@ from anthropic.types import MessageParam, RawContentBlockDelta, RawMessageStream
 from anthropic.types.raw_content_block_start_event import ContentBlock
 
 from compaction.policy import is_context_overflow
+from kernel.loadout_secrets import OFFICIAL_BASE_URL
 from services.runner.providers.base import (
     Completed,
     ConfiguredModel,
@@ -293,8 +294,16 @@ class AnthropicMessages(ConfiguredModel):
         super().__init__(model, context_window, max_output_tokens)
         self._thinking = dict(thinking) if thinking is not None else None
         self._client = AsyncAnthropic(
-            api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout_s
+            api_key=api_key,
+            # Explicit: None would make the SDK read ANTHROPIC_BASE_URL.
+            base_url=base_url or OFFICIAL_BASE_URL["anthropic"],
+            max_retries=0,
+            timeout=timeout_s,
         )
+        # The SDK also sends ANTHROPIC_CUSTOM_HEADERS from the runner's
+        # environment with every request: a call made for a tenant carries
+        # what its loadout says, never the runner's other settings.
+        self._client._custom_headers = {}
 
     @property
     def name(self) -> str:

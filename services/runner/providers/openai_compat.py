@@ -22,6 +22,7 @@ from openai import (
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from compaction.policy import is_context_overflow
+from kernel.loadout_secrets import OFFICIAL_BASE_URL
 from services.runner.providers.base import (
     Completed,
     ConfiguredModel,
@@ -266,8 +267,19 @@ class OpenAICompatible(ConfiguredModel):
     ) -> None:
         super().__init__(model, context_window, max_output_tokens)
         self._client = AsyncOpenAI(
-            api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout_s
+            api_key=api_key,
+            # Explicit: None would make the SDK read OPENAI_BASE_URL.
+            base_url=base_url or OFFICIAL_BASE_URL["openai"],
+            max_retries=0,
+            timeout=timeout_s,
         )
+        # The SDK also applies OPENAI_ORG_ID, OPENAI_PROJECT_ID and
+        # OPENAI_CUSTOM_HEADERS from the runner's environment to every
+        # request: a call made for a tenant carries what its loadout says,
+        # never the runner's other settings.
+        self._client.organization = None
+        self._client.project = None
+        self._client._custom_headers = {}
 
     @property
     def name(self) -> str:

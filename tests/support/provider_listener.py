@@ -1,0 +1,126 @@
+"""A listener standing where a tenant points its model's `baseUrl`.
+
+It records every request it receives, whatever the method or path, with all
+its headers and its raw body, so a test can check that nothing but what the
+tenant was granted ever reached it. A POST to `/v1/chat/completions` is
+answered as an OpenAI-compatible server would (one short streamed answer);
+anything else gets a 404, and is recorded all the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tests.runner.wire_servers import data_frame
+
+START_DEADLINE_S = 5.0
+ANSWER = "granted answer"
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+@dataclass(frozen=True)
+class Seen:
+    method: str
+    path: str
+    # Every header as received (names lower-cased, repeated ones kept).
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+    def texts(self) -> Iterable[str]:
+        """Everything of this request a secret could hide in."""
+        yield self.path
+        for name, value in self.headers:
+            yield name
+            yield value
+        yield self.body.decode("utf-8", "replace")
+
+
+def _answer_frames() -> list[str]:
+    chunk = {
+        "id": "chatcmpl-listener",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "listener-model",
+    }
+    return [
+        data_frame({**chunk, "choices": [{"index": 0, "delta": {"content": ANSWER}}]}),
+        data_frame({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        data_frame("[DONE]"),
+    ]
+
+
+@dataclass
+class ProviderListener:
+    """Serves on 127.0.0.1 (a free port) until the context exits."""
+
+    seen: list[Seen] = field(default_factory=list)
+    port: int = 0
+    _server: uvicorn.Server | None = None
+    _task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _handle(self, request: Request) -> Response:
+        self.seen.append(
+            Seen(
+                request.method,
+                request.url.path,
+                tuple(
+                    (name.decode("latin-1"), value.decode("latin-1"))
+                    for name, value in request.headers.raw
+                ),
+                await request.body(),
+            )
+        )
+        if request.method != "POST" or request.url.path != "/v1/chat/completions":
+            return JSONResponse({"error": {"message": "not here"}}, status_code=404)
+
+        async def frames() -> AsyncIterator[bytes]:
+            for frame in _answer_frames():
+                yield frame.encode()
+
+        return StreamingResponse(frames(), media_type="text/event-stream")
+
+    async def __aenter__(self) -> ProviderListener:
+        app = Starlette(routes=[Route("/{path:path}", self._handle, methods=_METHODS)])
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=0,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            http="h11",
+            ws="none",
+        )
+        self._server = uvicorn.Server(config)
+        self._task = asyncio.create_task(self._server.serve())
+        async with asyncio.timeout(START_DEADLINE_S):
+            while not self._server.started:
+                if self._task.done():
+                    await self._task
+                    raise RuntimeError("the listener exited during startup")
+                await asyncio.sleep(0.005)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._server is not None and self._task is not None
+        self._server.should_exit = True
+        await self._task
