@@ -28,7 +28,11 @@ from kernel.errors import ApiKeyNotFound, InvalidLoadout, RevisionMismatch, Unkn
 
 # A tenant's id prefixes its sessions' ledger ids (`<tenant>:<id>`), so it
 # has no ':'; the ledger's ids are at most 128 characters in all.
-_TENANT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+# Matched whole: `$` would also match before a trailing newline.
+_TENANT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+# The kernel's id alphabet (kernel.domain.check_id): key ids it makes are
+# `key_<12 hex>`.
+_KEY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
 MAX_TENANT_NAME_CHARS = 256
 
 
@@ -140,7 +144,7 @@ async def list_tenants(gw: Gateway, caller: Caller) -> list[TenantInfo]:
 async def create_tenant(gw: Gateway, caller: Caller, tenant_id: Any, name: Any = "") -> bool:
     """True if created, False if a tenant with this id existed already."""
     require_operator(caller)
-    if not isinstance(tenant_id, str) or not _TENANT_ID.match(tenant_id):
+    if not isinstance(tenant_id, str) or not _TENANT_ID.fullmatch(tenant_id):
         raise BadRequest(
             f"id: a tenant id is 1-64 letters, digits or '_.-', got {shown(tenant_id)}",
             field="id",
@@ -213,6 +217,8 @@ async def create_key(
 async def revoke_key(gw: Gateway, caller: Caller, key_id: str) -> bool:
     """Revokes a key at once on every edge. True if this call revoked it,
     False if it was revoked before. Another tenant's key is a 404."""
+    if not _KEY_ID.fullmatch(key_id):
+        raise BadRequest(f"{shown(key_id)} is not a key id", field="keyId")
     scope = "" if caller.operator else _managed_tenant(caller, None)
     found = next((k for k in await gw.kernel.list_api_keys(scope) if k.key_id == key_id), None)
     if found is None:

@@ -51,7 +51,8 @@ RUNNER_STATE_TIMEOUT_S = 2.0
 DEFAULT_SESSION_PAGE = 100
 MAX_SESSION_PAGE = 1000
 # No ':' in a client's session id, so `<tenant>:<id>` splits one way only.
-_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+# Matched whole: `$` would also match before a trailing newline ("nl\n").
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 
 
 class SeqOutOfRange(BadRequest):
@@ -189,7 +190,7 @@ class Gateway:
     @staticmethod
     def ledger_session_id(caller: Caller, session_id: str) -> str:
         """The ledger's id of the caller's session `session_id`."""
-        if not _SESSION_ID.match(session_id):
+        if not _SESSION_ID.fullmatch(session_id):
             raise BadRequest(
                 "a session id is 1-64 characters of letters, digits, '_.-', "
                 f"got {shown(session_id)}",

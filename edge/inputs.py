@@ -10,6 +10,7 @@ again), and the answer says so.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import uuid
 from collections.abc import Mapping
@@ -17,13 +18,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from edge.auth import Caller
-from edge.errors import BadRequest, shown
+from edge.errors import BadRequest, Unavailable, shown
 from edge.gateway import Gateway
+from services.blobs import is_blob_id
+from services.common.errors import KeelError
+
+log = logging.getLogger("keel.edge.inputs")
 
 MAX_TEXT_CHARS = 256 * 1024
+# Each blob is shown to the model in every request of the session; far more
+# than any message needs, far less than a fact may hold.
+MAX_BLOBS_PER_INPUT = 64
 # What the ledger accepts as a requestId, checked here first so that a refusal
 # quotes no more of a client's value than `shown` allows.
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
+
+
+class InvalidBlobId(BadRequest):
+    """An input names something that is not a blob id."""
+
+    reason = "INVALID_BLOB_ID"
 
 
 @dataclass(frozen=True)
@@ -55,7 +69,7 @@ def _request_id(body: Mapping[str, Any], idempotency_key: str | None) -> tuple[s
     chosen = given if given is not None else idempotency_key
     if chosen is None:
         return f"edge-{uuid.uuid4().hex}", False
-    if not _REQUEST_ID.match(chosen):
+    if not _REQUEST_ID.fullmatch(chosen):
         raise BadRequest(
             "a requestId (or Idempotency-Key) is 1-128 characters of letters, digits, "
             f"'_.:-', got {shown(chosen)}",
@@ -82,14 +96,29 @@ async def commit_input(
     data: dict[str, Any] = {"text": text, "requestId": request_id}
     blobs = body.get("blobs")
     if blobs is not None:
-        if not isinstance(blobs, list) or not all(isinstance(b, str) for b in blobs):
-            raise BadRequest("blobs must be a list of blob ids", field="blobs")
-        for blob_id in blobs:
-            info = await asyncio.to_thread(gateway.blobs.get, caller.tenant_id, blob_id)
-            if not info.complete:
-                raise BadRequest(f"blob {info.id} is not completely uploaded", field="blobs")
-        data["blobs"] = blobs
+        data["blobs"] = await _complete_blobs(gateway, caller, blobs)
     return await _append_input(gateway, caller, session_id, data, retry_safe)
+
+
+async def _complete_blobs(gateway: Gateway, caller: Caller, blobs: Any) -> list[str]:
+    """The blob ids an input references, each the id of a complete blob of
+    the caller's, found through the store. An id is never a path: one that
+    does not have the store's shape (`../../x`, a trailing newline) is
+    refused here before anything is looked up."""
+    if not isinstance(blobs, list) or not all(isinstance(b, str) for b in blobs):
+        raise BadRequest("blobs must be a list of blob ids", field="blobs")
+    if len(blobs) > MAX_BLOBS_PER_INPUT:
+        raise BadRequest(f"an input references at most {MAX_BLOBS_PER_INPUT} blobs", field="blobs")
+    for blob_id in blobs:
+        if not is_blob_id(blob_id):
+            raise InvalidBlobId(
+                f"{shown(blob_id)} is not a blob id (POST /v1/blobs makes them)", field="blobs"
+            )
+    for blob_id in blobs:
+        info = await asyncio.to_thread(gateway.blobs.get, caller.tenant_id, blob_id)
+        if not info.complete:
+            raise BadRequest(f"blob {info.id} is not completely uploaded", field="blobs")
+    return list(blobs)
 
 
 async def retry(
@@ -120,11 +149,27 @@ async def retry(
 async def _append_input(
     gateway: Gateway, caller: Caller, session_id: str, data: dict[str, Any], retry_safe: bool
 ) -> Committed:
+    # Everything is validated before this append (the edge's ids are a
+    # subset of what the ledger and the kernel accept): once it commits, the
+    # answer must say so, never a refusal a client would read as "not sent".
     appended = await gateway.ledger.append_one(session_id, "input", data)
-    # A duplicate still enqueues: the first attempt to wake may be the
-    # one that was lost, and a spare wake-up is harmless.
-    await gateway.kernel.enqueue(session_id, caller.tenant_id, appended.seq, unpark=True)
-    return Committed(appended.seq, appended.duplicate, data["requestId"], retry_safe)
+    request_id = data["requestId"]
+    try:
+        # A duplicate still enqueues: the first attempt to wake may be the
+        # one that was lost, and a spare wake-up is harmless.
+        await gateway.kernel.enqueue(session_id, caller.tenant_id, appended.seq, unpark=True)
+    except KeelError as error:
+        log.warning("input %s of %s committed, wake-up failed: %s", appended.seq, session_id, error)
+        # Committed, but a parked session stays parked until woken: sending
+        # the same requestId again is a duplicate that wakes it.
+        unwoken = Unavailable(
+            f"the input is committed as seq {appended.seq} but the session could not be "
+            f"woken; send it again with requestId {request_id!r} to wake it",
+            reason="INPUT_COMMITTED_NOT_WOKEN",
+        )
+        unwoken.metadata.update({"seq": str(appended.seq), "requestId": request_id})
+        raise unwoken from None
+    return Committed(appended.seq, appended.duplicate, request_id, retry_safe)
 
 
 async def cancel(gateway: Gateway, caller: Caller, session_id: str) -> int | None:

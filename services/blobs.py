@@ -14,6 +14,11 @@ Settings (`blob_store`), which is how `keel up` makes them share one.
 A blob id is only ever the `blob-<24 hex>` form `create` makes; anything else
 is "not found" before it comes near a path or a query.
 
+Each tenant holds at most `BlobQuota` blobs and bytes. The bytes are the
+declared lengths: `create` reserves a blob's whole length, so a client that
+declares 500 blobs of 64 MiB is refused once the quota would be passed, before it
+sends a single body, and a refused create leaves nothing behind.
+
 This module is a leaf: the edge, the runner and the compaction service all
 import it, it imports none of them. What a model sees of a blob is in
 `services.blob_parts`.
@@ -27,6 +32,7 @@ import os
 import re
 import secrets
 import threading
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
@@ -39,9 +45,14 @@ from services.common.config import Settings
 from services.common.errors import KeelError
 
 MAX_BLOB_BYTES = 64 << 20
+DEFAULT_QUOTA_BLOBS = 10_000
+DEFAULT_QUOTA_BYTES = 1 << 30
 _BLOB_ID = re.compile(r"blob-[0-9a-f]{24}")
 # Serializes the table's creation across processes sharing one schema.
 _CREATE_LOCK_KEY = 4242
+# With the tenant's hash: serializes one tenant's creates (its quota check
+# and insert), on every edge replica.
+_QUOTA_LOCK_CLASS = 4243
 
 
 class BlobError(KeelError):
@@ -50,6 +61,7 @@ class BlobError(KeelError):
     BlobError               UNKNOWN              BLOB_ERROR
      ├── BlobNotFound       NOT_FOUND            BLOB_NOT_FOUND
      ├── InvalidBlobLength  INVALID_ARGUMENT     INVALID_BLOB_LENGTH
+     ├── BlobQuotaExceeded  RESOURCE_EXHAUSTED   BLOB_QUOTA_EXCEEDED
      ├── WrongBlobOffset    FAILED_PRECONDITION  WRONG_BLOB_OFFSET
      ├── BlobIncomplete     FAILED_PRECONDITION  BLOB_INCOMPLETE
      └── ChunkPastLength    OUT_OF_RANGE         CHUNK_PAST_LENGTH
@@ -69,6 +81,13 @@ class BlobNotFound(BlobError):
 class InvalidBlobLength(BlobError):
     code = grpc.StatusCode.INVALID_ARGUMENT
     reason = "INVALID_BLOB_LENGTH"
+
+
+class BlobQuotaExceeded(BlobError):
+    """The tenant's blobs would pass its quota (count or declared bytes)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "BLOB_QUOTA_EXCEEDED"
 
 
 class WrongBlobOffset(BlobError):
@@ -92,11 +111,59 @@ class ChunkPastLength(BlobError):
     reason = "CHUNK_PAST_LENGTH"
 
 
+def is_blob_id(blob_id: object) -> bool:
+    """Whether `blob_id` has the only shape the store makes (matched whole:
+    no path, no trailing newline)."""
+    return isinstance(blob_id, str) and _BLOB_ID.fullmatch(blob_id) is not None
+
+
 def check_blob_id(blob_id: object) -> str:
     """`blob_id` if it has the only shape the store makes; else BlobNotFound."""
-    if not isinstance(blob_id, str) or _BLOB_ID.fullmatch(blob_id) is None:
+    if not is_blob_id(blob_id):
         raise BlobNotFound("no such blob")
+    assert isinstance(blob_id, str)
     return blob_id
+
+
+def _quota_setting(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class BlobQuota:
+    """How much one tenant may store: blobs, and bytes as declared."""
+
+    max_blobs: int = DEFAULT_QUOTA_BLOBS
+    max_bytes: int = DEFAULT_QUOTA_BYTES
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> BlobQuota:
+        """`KEEL_BLOB_QUOTA_COUNT` and `KEEL_BLOB_QUOTA_BYTES` (defaults:
+        10,000 blobs, 1 GiB)."""
+        env = os.environ if env is None else env
+        return cls(
+            _quota_setting(env, "KEEL_BLOB_QUOTA_COUNT", DEFAULT_QUOTA_BLOBS),
+            _quota_setting(env, "KEEL_BLOB_QUOTA_BYTES", DEFAULT_QUOTA_BYTES),
+        )
+
+    def admit(self, held_blobs: int, held_bytes: int, length: int) -> None:
+        """Refuses a new blob of `length` bytes beside what the tenant holds."""
+        if held_blobs + 1 > self.max_blobs:
+            raise BlobQuotaExceeded(
+                f"this tenant holds {held_blobs} blobs, its quota is {self.max_blobs}",
+                max_blobs=str(self.max_blobs),
+            )
+        if held_bytes + length > self.max_bytes:
+            raise BlobQuotaExceeded(
+                f"this tenant's blobs declare {held_bytes} bytes; {length} more would pass "
+                f"its quota of {self.max_bytes}",
+                max_bytes=str(self.max_bytes),
+            )
 
 
 def _not_found(blob_id: str) -> BlobNotFound:
@@ -160,12 +227,33 @@ def _new_id() -> str:
 
 
 class DiskBlobStore:
-    """`<root>/<id>.json` (the BlobInfo) beside `<root>/<id>.bin` (the bytes)."""
+    """`<root>/<id>.json` (the BlobInfo) beside `<root>/<id>.bin` (the bytes).
 
-    def __init__(self, root: Path) -> None:
+    The blobs each tenant holds are counted once, from the files, then kept
+    up to date by `create`: on disk (a one-process `keel up`) the edge of
+    that process is the only one creating blobs."""
+
+    def __init__(self, root: Path, quota: BlobQuota | None = None) -> None:
         self._root = root
         self._root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._quota = quota or BlobQuota()
+        # tenant -> [blobs, declared bytes]; None until first needed.
+        self._held: dict[str, list[int]] | None = None
+
+    def _holdings(self) -> dict[str, list[int]]:
+        if self._held is None:
+            held: dict[str, list[int]] = {}
+            for meta in self._root.glob("blob-*.json"):
+                try:
+                    info = BlobInfo(**json.loads(meta.read_text()))
+                except (OSError, ValueError, TypeError):
+                    continue
+                counts = held.setdefault(info.tenant_id, [0, 0])
+                counts[0] += 1
+                counts[1] += info.length
+            self._held = held
+        return self._held
 
     def _meta(self, blob_id: str) -> Path:
         return self._root / f"{check_blob_id(blob_id)}.json"
@@ -177,8 +265,12 @@ class DiskBlobStore:
         _check_length(length)
         info = BlobInfo(_new_id(), tenant_id, length, 0, content_type, "")
         with self._lock:
+            held = self._holdings().setdefault(tenant_id, [0, 0])
+            self._quota.admit(held[0], held[1], length)
             self._data(info.id).write_bytes(b"")
             self._meta(info.id).write_text(json.dumps(asdict(info)))
+            held[0] += 1
+            held[1] += length
         return info
 
     def get(self, tenant_id: str, blob_id: str) -> BlobInfo:
@@ -225,8 +317,9 @@ _COLUMNS = "id, tenant_id, length, upload_offset, content_type, sha256"
 
 
 class PostgresBlobStore:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, quota: BlobQuota | None = None) -> None:
         self._url = settings.database_url
+        self._quota = quota or BlobQuota()
         # The table keeps the name it had when only the edge used it, so
         # existing deployments keep their uploads.
         self._table = sql.Identifier(settings.pg_schema, "edge_blobs")
@@ -244,6 +337,12 @@ class PostgresBlobStore:
                         " content_type text NOT NULL, sha256 text NOT NULL DEFAULT '',"
                         " data bytea NOT NULL DEFAULT ''::bytea)"
                     ).format(self._table)
+                )
+                # What a tenant holds is summed at every create.
+                conn.execute(
+                    sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (tenant_id, length)").format(
+                        sql.Identifier("edge_blobs_tenant_id"), self._table
+                    )
                 )
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (_CREATE_LOCK_KEY,))
@@ -265,7 +364,21 @@ class PostgresBlobStore:
     def create(self, tenant_id: str, length: int, content_type: str) -> BlobInfo:
         _check_length(length)
         blob_id = _new_id()
-        with psycopg.connect(self._url, autocommit=True) as conn:
+        # One transaction: a refused create rolls back and leaves no row.
+        with psycopg.connect(self._url) as conn:
+            # Concurrent creates of one tenant (any replica) take turns, or
+            # each would count the others' blobs as not there yet.
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_QUOTA_LOCK_CLASS, tenant_id)
+            )
+            held = conn.execute(
+                sql.SQL(
+                    "SELECT count(*), COALESCE(sum(length), 0) FROM {} WHERE tenant_id = %s"
+                ).format(self._table),
+                (tenant_id,),
+            ).fetchone()
+            assert held is not None
+            self._quota.admit(int(held[0]), int(held[1]), length)
             conn.execute(
                 sql.SQL(
                     "INSERT INTO {} (id, tenant_id, length, upload_offset, content_type)"
@@ -273,6 +386,7 @@ class PostgresBlobStore:
                 ).format(self._table),
                 (blob_id, tenant_id, length, content_type),
             )
+            conn.commit()
         return BlobInfo(blob_id, tenant_id, length, 0, content_type, "")
 
     def get(self, tenant_id: str, blob_id: str) -> BlobInfo:
@@ -330,9 +444,11 @@ class PostgresBlobStore:
         return bytes(row[6])
 
 
-def blob_store(settings: Settings) -> BlobStore:
+def blob_store(settings: Settings, quota: BlobQuota | None = None) -> BlobStore:
     """The store every service of a deployment shares (blocking: it may
-    create the table)."""
+    create the table). Its quota applies to creates, which only the edge
+    makes: by default the operator's `KEEL_BLOB_QUOTA_*`."""
+    quota = quota or BlobQuota.from_env()
     if settings.uses_postgres:
-        return PostgresBlobStore(settings)
-    return DiskBlobStore(Path(settings.data_dir) / "blobs")
+        return PostgresBlobStore(settings, quota)
+    return DiskBlobStore(Path(settings.data_dir) / "blobs", quota)

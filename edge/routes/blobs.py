@@ -1,7 +1,9 @@
 """Blobs: resumable uploads by offset, and downloads of complete ones.
 
 The store (services.blobs) is blocking I/O, so every call runs in a thread;
-its refusals are `KeelError`s the app's handler maps to 4xx.
+its refusals are `KeelError`s the app's handler maps to 4xx. A tenant's
+quota is checked by the store when a blob is created, on its declared
+length, so an upload past the quota is refused before any byte is sent.
 """
 
 from __future__ import annotations
@@ -14,14 +16,22 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edge.auth import Caller
-from edge.errors import BadRequest, Conflict
+from edge.errors import BadRequest, Conflict, PayloadTooLarge
 from edge.http import api_route, gateway_of, is_count, json_body, read_limited
+from services.blobs import BlobQuotaExceeded
 
 MAX_CHUNK_BYTES = 8 << 20
 # The content type is sent back as a header on download: printable ASCII in
 # the `type/subtype; params` shape only, so it can never split a header.
-_CONTENT_TYPE = re.compile(r"^[A-Za-z0-9!#$&^_.+\-]+/[A-Za-z0-9!#$&^_.+\-]+(;[ -~]*)?$")
+_CONTENT_TYPE = re.compile(r"[A-Za-z0-9!#$&^_.+\-]+/[A-Za-z0-9!#$&^_.+\-]+(;[ -~]*)?")
 MAX_CONTENT_TYPE_CHARS = 255
+
+
+class BlobQuotaFull(PayloadTooLarge):
+    """The tenant's blobs would pass its quota (count or declared bytes)."""
+
+    code = "blob_quota_exceeded"
+    reason = "BLOB_QUOTA_EXCEEDED"
 
 
 async def create_blob(request: Request, caller: Caller) -> Response:
@@ -32,10 +42,19 @@ async def create_blob(request: Request, caller: Caller) -> Response:
     content_type = body.get("contentType", "application/octet-stream")
     if not isinstance(content_type, str):
         raise BadRequest("contentType must be a string")
-    if len(content_type) > MAX_CONTENT_TYPE_CHARS or not _CONTENT_TYPE.match(content_type):
-        raise BadRequest("contentType must be a media type such as image/png")
+    if len(content_type) > MAX_CONTENT_TYPE_CHARS or not _CONTENT_TYPE.fullmatch(content_type):
+        raise BadRequest(
+            f"contentType must be a media type such as image/png (type/subtype, optional "
+            f"parameters, printable ASCII, at most {MAX_CONTENT_TYPE_CHARS} characters)",
+            field="contentType",
+        )
     store = gateway_of(request).blobs
-    info = await asyncio.to_thread(store.create, caller.tenant_id, length, content_type)
+    try:
+        info = await asyncio.to_thread(store.create, caller.tenant_id, length, content_type)
+    except BlobQuotaExceeded as error:
+        full = BlobQuotaFull(f"blob quota exceeded: {error.message}")
+        full.metadata.update(error.metadata)
+        raise full from None
     return JSONResponse(info.to_json(), status_code=201, headers={"Upload-Offset": "0"})
 
 

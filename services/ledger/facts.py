@@ -45,7 +45,9 @@ APPENDABLE_KINDS: Final = CLIENT_KINDS | RUNNER_KINDS
 # latest of these, so bookkeeping (watermarks, failures) never changes it.
 CONTEXT_KINDS: Final = frozenset({INPUT, ASSISTANT, TOOL_RESULT, COMPACTION})
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
+# Matched whole (`fullmatch`): with `$`, "nl\n" would pass, since `$` also
+# matches before a trailing newline.
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
 MAX_READ_LIMIT: Final = 1000
 DEFAULT_READ_LIMIT: Final = 500
 MAX_FACTS_PER_APPEND: Final = 256
@@ -70,7 +72,7 @@ class CommittedFact:
 
 
 def check_id(value: str, what: str) -> str:
-    if not _ID.match(value):
+    if not _ID.fullmatch(value):
         raise InvalidId(
             f"{what} must be 1-128 characters of letters, digits, '_.:-', got {value[:140]!r}",
             field=what,

@@ -106,13 +106,15 @@ async def test_an_inputs_blobs_are_shown_to_the_model(
         "blob-0123456789abcdef0123456z",
     ],
 )
-async def test_blob_ids_of_another_shape_are_not_found(stack: Stack, blob_id: str) -> None:
+async def test_blob_ids_of_another_shape_are_refused(stack: Stack, blob_id: str) -> None:
     session = await stack.new_session()
     refused = await stack.http.post(
         f"/v1/sessions/{session}/inputs",
         json={"text": "read this", "requestId": "bad-blob", "blobs": [blob_id]},
     )
-    assert_error(refused, 404)
+    # Not an id at all: a bad request, before any lookup. In a path, such a
+    # blob is simply not found.
+    assert_error(refused, 400)
     assert [f.kind for f in await stack.facts(session)] == ["session_created"]
     if "/" not in blob_id:
         assert_error(await stack.http.get(f"/v1/blobs/{blob_id}"), 404)
