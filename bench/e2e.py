@@ -41,7 +41,7 @@ from bench.turns import percentile
 from keel.sessions.v1 import sessions_pb2 as pb
 from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
 
-BENCH_KEY = "keel-bench-key"
+BENCH_KEY = "keel-bench-key-0123456789abcdef"
 WARMUP_FACTS = 1
 WARMUP_TURNS = 5
 TRANSPORTS = ("http", "grpc")
@@ -107,6 +107,10 @@ def _start_keel(url: str, schema: str, port: int, grpc_port: int) -> subprocess.
             "KEEL_DEV_KEY": BENCH_KEY,
             "KEEL_LOG_LEVEL": "WARNING",
             "KEEL_RUNNER_CONCURRENCY": "16",
+            # 1000 followers on one key: beyond the edge's default stream
+            # limits, which keep one key from starving other tenants.
+            "KEEL_EDGE_STREAMS_PER_KEY": "2000",
+            "KEEL_EDGE_STREAMS_PER_TENANT": "2000",
         }
     )
     proc = subprocess.Popen(

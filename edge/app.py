@@ -1,10 +1,17 @@
 """The HTTP API of SPEC §7 on Starlette, plus the web page and probes.
 
 The routes live in edge/routes/, one module per part of the API; this module
-assembles them with what they share: the gateway and the metrics (on
-`app.state`), request counting, and the exception handlers that make every
-refusal a JSON `{error: {code, message}}`, so routes raise instead of
-catching.
+assembles them with what they share: the gateway, the metrics and the
+client limits' state (on `app.state`), and the middlewares every request
+passes, outermost first:
+
+- `SecurityHeaders`: nosniff, CSP with frame-ancestors, no referrer;
+- `RequestMetrics`: counts each request by route and status (a client that
+  left is a 499, not a 500);
+- `BodyDeadline`: a body that stops arriving is a 408.
+
+The exception handlers make every refusal a JSON `{error: {code, message}}`,
+so routes raise instead of catching.
 """
 
 from __future__ import annotations
@@ -25,7 +32,10 @@ from edge.errors import (
 )
 from edge.gateway import Gateway
 from edge.http import Metrics, RequestMetrics
+from edge.limits import Guards
 from edge.routes import admin, blobs, probes, runtime, sessions
+from edge.security_headers import SecurityHeaders
+from edge.slow_clients import BodyDeadline
 from services.common.errors import KeelError
 
 
@@ -40,7 +50,10 @@ async def _wrong_method(request: Request, error: Exception) -> Response:
     return response
 
 
-def create_app(gateway: Gateway) -> Starlette:
+def create_app(gateway: Gateway, guards: Guards | None = None) -> Starlette:
+    """The edge's app; `guards` are shared with the gRPC API of the same
+    edge (stream limits count both doors), else this app's own."""
+    guards = guards or Guards.of()
     metrics = Metrics()
     routes: list[BaseRoute] = [
         *sessions.routes,
@@ -51,7 +64,11 @@ def create_app(gateway: Gateway) -> Starlette:
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(RequestMetrics, metrics=metrics)],
+        middleware=[
+            Middleware(SecurityHeaders),
+            Middleware(RequestMetrics, metrics=metrics),
+            Middleware(BodyDeadline, limits=guards.limits),
+        ],
         exception_handlers={
             EdgeError: handle_edge_error,
             KeelError: handle_service_error,
@@ -61,4 +78,5 @@ def create_app(gateway: Gateway) -> Starlette:
     )
     app.state.gateway = gateway
     app.state.metrics = metrics
+    app.state.guards = guards
     return app

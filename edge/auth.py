@@ -5,6 +5,10 @@ AUTH_CACHE_S, so a request does not cost a kernel call. A revoked key must
 not live on in that cache: every edge follows the kernel's key revocations
 (WatchRevocations) and drops a revoked key's caller as soon as the kernel
 reports it.
+
+Failed keys are limited per client address (edge/limits.py): the caller of
+`authenticate` passes the address and the edge's `FailedKeys`, and a blocked
+address is refused before the kernel is asked.
 """
 
 from __future__ import annotations
@@ -13,12 +17,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from edge.errors import Forbidden, Unauthorized, from_service_error
+from edge.errors import Forbidden, Unauthorized, UnknownKey, from_service_error
 from kernel import InvalidApiKey, KernelClient
 from kernel.tenancy import hash_key
 from services.common.errors import KeelError
+
+if TYPE_CHECKING:
+    from edge.limits import FailedKeys
 
 log = logging.getLogger("keel.edge.auth")
 
@@ -36,6 +44,8 @@ class Caller:
     tenant_id: str
     admin: bool
     operator: bool = False
+    # The SHA-256 of the key it called with: what per-key limits count by.
+    key_hash: str = field(default="", repr=False)
 
 
 class Authenticator:
@@ -52,6 +62,8 @@ class Authenticator:
         self._revocations_seen = 0
         self._last_revocation_id = 0
         self._revocation_watch: asyncio.Task[None] | None = None
+        # Kernel lookups under way, by key hash (see authenticate).
+        self._lookups: dict[str, asyncio.Future[Caller]] = {}
 
     async def close(self) -> None:
         if self._revocation_watch is not None:
@@ -59,21 +71,70 @@ class Authenticator:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._revocation_watch
 
-    async def authenticate(self, key: str) -> Caller:
+    async def authenticate(
+        self, key: str, address: str = "", failed_keys: FailedKeys | None = None
+    ) -> Caller:
+        """The caller `key` stands for. With `failed_keys`, a key from a
+        blocked `address` is refused (429) before the kernel is asked."""
         if not key:
             raise Unauthorized("missing API key: send Authorization: Bearer <key>")
         digest = hash_key(key)
         cached = self._keys.get(digest)
         if cached is not None and cached[0] > time.monotonic():
+            if failed_keys is not None:
+                failed_keys.check_cached(address, digest)
             return cached[1]
-        seen = self._revocations_seen
+        pending = self._lookups.get(digest)
+        if pending is not None:
+            # The kernel is being asked about this very key already: wait for
+            # that answer. A burst of first requests with one right key (a
+            # page's streams after an edge restart) costs one lookup and one
+            # token of the address's failed-key budget, not one each.
+            if failed_keys is not None:
+                failed_keys.check_cached(address, digest)
+            try:
+                caller = await asyncio.shield(pending)
+            except InvalidApiKey:
+                raise UnknownKey("unknown or revoked API key") from None
+            except KeelError as error:
+                raise from_service_error(error) from None
+            if failed_keys is not None:
+                failed_keys.accepted(address, digest, False)
+            return caller
+        reserved = failed_keys.reserve(address, digest) if failed_keys is not None else False
+        lookup = asyncio.ensure_future(self._lookup(key, digest))
+        self._lookups[digest] = lookup
+        lookup.add_done_callback(lambda done: self._lookup_done(digest, done))
         try:
-            grant = await self._kernel.authenticate(key)
+            caller = await asyncio.shield(lookup)
         except InvalidApiKey:
-            raise Unauthorized("unknown or revoked API key") from None
-        except KeelError as error:
-            raise from_service_error(error) from None
-        caller = Caller(grant.tenant_id, grant.admin, grant.operator)
+            if failed_keys is not None:
+                failed_keys.rejected(address, digest)
+            raise UnknownKey("unknown or revoked API key") from None
+        except BaseException as error:
+            # Not an answer about the key (the kernel is away, or the client
+            # left): the check does not count against the address.
+            if failed_keys is not None:
+                failed_keys.refund(address, reserved)
+            if isinstance(error, KeelError):
+                raise from_service_error(error) from None
+            raise
+        if failed_keys is not None:
+            failed_keys.accepted(address, digest, reserved)
+        return caller
+
+    def _lookup_done(self, digest: str, done: asyncio.Future[Caller]) -> None:
+        self._lookups.pop(digest, None)
+        # Every waiter may have left (clients disconnected): the outcome is
+        # then nobody's, and must not be reported as never retrieved.
+        if not done.cancelled():
+            done.exception()
+
+    async def _lookup(self, key: str, digest: str) -> Caller:
+        """Asks the kernel about one key; caches a right key's caller."""
+        seen = self._revocations_seen
+        grant = await self._kernel.authenticate(key)
+        caller = Caller(grant.tenant_id, grant.admin, grant.operator, key_hash=digest)
         if self._revocations_seen == seen:
             self._keys[digest] = (time.monotonic() + AUTH_CACHE_S, caller)
         return caller

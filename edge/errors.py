@@ -10,7 +10,11 @@ with the right 4xx; a 500 is a bug::
      ├── MethodNotAllowed    405  method_not_allowed
      ├── Conflict            409  conflict  (request id reuse, wrong blob offset)
      ├── PreconditionFailed  412  precondition_failed  (If-Match: another revision)
+     ├── RequestTimeout      408  request_timeout  (a body that stalled)
      ├── PayloadTooLarge     413  payload_too_large
+     ├── TooManyRequests     429  too_many_requests
+     │    ├── TooManyFailedKeys  (FAILED_KEYS_RATE_LIMITED, with Retry-After)
+     │    └── TooManyStreams     (TOO_MANY_STREAMS, naming the limit)
      └── Unavailable         503  unavailable
 
 Service errors (`KeelError`) reach clients through `from_service_error`; the
@@ -25,6 +29,7 @@ details (the `field` an invalid loadout names, the `seq` of a conflict).
 from __future__ import annotations
 
 import logging
+import re
 from typing import ClassVar
 
 import grpc
@@ -49,6 +54,10 @@ class EdgeError(Exception):
     grpc_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     reason: str = "INTERNAL"
 
+    # How long a caller should wait before trying again (0: not said); over
+    # HTTP a Retry-After header, over gRPC a RetryInfo.
+    retry_after_s: int = 0
+
     def __init__(self, message: str, *, reason: str = "", field: str = "") -> None:
         super().__init__(message)
         self.message = message
@@ -57,8 +66,13 @@ class EdgeError(Exception):
         # Machine-readable details for ErrorInfo.metadata, e.g. the field refused.
         self.metadata: dict[str, str] = {"field": field} if field else {}
 
+    def headers(self) -> dict[str, str]:
+        if self.retry_after_s > 0:
+            return {"Retry-After": str(self.retry_after_s)}
+        return {}
+
     def response(self) -> JSONResponse:
-        return error_response(self.status, self.code, self.message)
+        return error_response(self.status, self.code, self.message, self.headers())
 
 
 class BadRequest(EdgeError):
@@ -73,6 +87,13 @@ class Unauthorized(EdgeError):
     code = "unauthorized"
     grpc_code = grpc.StatusCode.UNAUTHENTICATED
     reason = "UNAUTHENTICATED"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
+
+
+class UnknownKey(Unauthorized):
+    """The kernel knows no such key (or it was revoked): a failed key."""
 
 
 class Forbidden(EdgeError):
@@ -118,11 +139,54 @@ class PreconditionFailed(EdgeError):
     reason = "FAILED_PRECONDITION"
 
 
+class RequestTimeout(EdgeError):
+    """The body stopped arriving: the connection is closed after this answer
+    (what is left of the body would be read as the next request)."""
+
+    status = 408
+    code = "request_timeout"
+    grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED
+    reason = "REQUEST_TIMEOUT"
+
+    def headers(self) -> dict[str, str]:
+        return {"Connection": "close"}
+
+
 class PayloadTooLarge(EdgeError):
     status = 413
     code = "payload_too_large"
     grpc_code = grpc.StatusCode.INVALID_ARGUMENT
     reason = "PAYLOAD_TOO_LARGE"
+
+
+class TooManyRequests(EdgeError):
+    status = 429
+    code = "too_many_requests"
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "RESOURCE_EXHAUSTED"
+
+
+class TooManyFailedKeys(TooManyRequests):
+    """This client address sent too many unknown keys lately."""
+
+    code = "too_many_failed_keys"
+    reason = "FAILED_KEYS_RATE_LIMITED"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.metadata = {"retry_after_s": str(retry_after_s)}
+
+
+class TooManyStreams(TooManyRequests):
+    """The key or its tenant holds as many event streams as it may."""
+
+    code = "too_many_streams"
+    reason = "TOO_MANY_STREAMS"
+
+    def __init__(self, message: str, *, limit: str, maximum: int) -> None:
+        super().__init__(message)
+        self.metadata = {"limit": limit, "max": str(maximum)}
 
 
 class Unavailable(EdgeError):
@@ -132,8 +196,12 @@ class Unavailable(EdgeError):
     reason = "UNAVAILABLE"
 
 
-def error_response(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"code": code, "message": message}}, status_code=status, headers=headers
+    )
 
 
 def shown(value: object) -> str:
@@ -198,4 +266,25 @@ def _http_error_of(error: KeelError) -> EdgeError:
         return Conflict(error.message)
     if error.code.name == "UNAUTHENTICATED":
         return Unauthorized(error.message)
-    return Unavailable(error.message)
+    return Unavailable(_unavailable_message(error.message))
+
+
+# A call that failed without a Keel error reads `<CODE>: <details>`, or the
+# bare code when the details said nothing more: said for people.
+_FAILED_CALLS = {
+    "CANCELLED": "a call to a Keel service was cancelled before it answered "
+    "(the service may be restarting or overloaded); retry shortly",
+    "DEADLINE_EXCEEDED": "a Keel service did not answer in time; retry shortly",
+    "RESOURCE_EXHAUSTED": "a Keel service is overloaded; retry shortly",
+    "UNKNOWN": "a Keel service failed to answer (its log says why); retry shortly",
+    "INTERNAL": "a Keel service failed to answer (its log says why); retry shortly",
+}
+_FAILED_CALL = re.compile(r"([A-Z_]+)(?:: .*)?", re.DOTALL)
+
+
+def _unavailable_message(message: str) -> str:
+    match = _FAILED_CALL.fullmatch(message)
+    if match is None or match.group(1) not in grpc.StatusCode.__members__:
+        return message
+    code = match.group(1)
+    return _FAILED_CALLS.get(code, f"a Keel service is unavailable ({code}); retry shortly")

@@ -151,6 +151,10 @@ class SessionFanout:
         # fact (and never, if none comes).
         self._subscribed_after: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
+    @property
+    def clients(self) -> int:
+        return len(self._clients)
+
     def join(self) -> Inbox:
         inbox = Inbox()
         self._clients.add(inbox)
@@ -319,6 +323,11 @@ class FanoutHub:
     @property
     def sessions(self) -> int:
         return len(self._sessions)
+
+    @property
+    def clients(self) -> int:
+        """Inboxes of every session's clients: none once every stream closed."""
+        return sum(fanout.clients for fanout in self._sessions.values())
 
     def drain(self) -> None:
         """Tells every client of this edge to reconnect."""

@@ -16,12 +16,18 @@ StreamEvents follows the session through the fan-out the SSE stream uses
 (edge/fanout.py): facts after `after_seq`, backlog then live, with the
 owner's partials and status changes, and a `Drain` before the stream ends
 when the edge drains.
+
+The HTTP API's limits hold here too, in the same counts (edge/limits.py):
+unknown keys per client address (the peer's, from `context.peer()`), and
+event streams per key and tenant, SSE and StreamEvents together; beyond
+either, RESOURCE_EXHAUSTED (with a RetryInfo for failed keys).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
@@ -34,6 +40,7 @@ from edge.errors import BadRequest, EdgeError, from_service_error
 from edge.fanout import Drain, Live
 from edge.gateway import DEFAULT_SESSION_PAGE, Gateway, SessionInfo
 from edge.inputs import Committed
+from edge.limits import Guards, client_address
 from edge.streams import CLIENT_STATES
 from keel.sessions.v1 import sessions_pb2 as pb
 from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
@@ -56,7 +63,9 @@ def _json(value: Any) -> str:
 def status_of(error: EdgeError) -> grpc.Status:
     """The gRPC status of an edge refusal: code, message, ErrorInfo (and
     RetryInfo when the caller may come back)."""
-    retry = UNAVAILABLE_RETRY_MS if error.grpc_code == grpc.StatusCode.UNAVAILABLE else 0
+    retry = error.retry_after_s * 1000
+    if not retry and error.grpc_code == grpc.StatusCode.UNAVAILABLE:
+        retry = UNAVAILABLE_RETRY_MS
     return rich_status(error.grpc_code, error.reason, error.message, error.metadata, retry)
 
 
@@ -169,15 +178,28 @@ def bearer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     return ""
 
 
+def peer_host(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The caller's address from `ipv4:1.2.3.4:5678` or `ipv6:[::1]:5678`
+    (percent-encoded by some gRPC versions); a unix socket's path as is."""
+    peer = urllib.parse.unquote(context.peer() or "")
+    scheme, _, rest = peer.partition(":")
+    if scheme not in ("ipv4", "ipv6"):
+        return peer
+    return rest.rpartition(":")[0].strip("[]")
+
+
 # ------------------------------------------------------------------ service
 
 
 class SessionServicer(pb_grpc.SessionServiceServicer):
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, guards: Guards) -> None:
         self._gateway = gateway
+        self._guards = guards
 
     async def _caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> Caller:
-        return await self._gateway.auth.authenticate(bearer(context))
+        return await self._gateway.auth.authenticate(
+            bearer(context), client_address(peer_host(context)), self._guards.failed_keys
+        )
 
     async def _session(
         self, context: grpc.aio.ServicerContext[Any, Any], session_id: str
@@ -249,23 +271,28 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self, request: pb.StreamEventsRequest, context: Any
     ) -> AsyncIterator[pb.StreamEventsResponse]:
         caller, session_id = await self._session(context, request.session_id)
-        await self._gateway.check_cursor(caller, session_id, request.after_seq)
-        # Headers now, as HTTP's 200: the caller knows the stream is accepted
-        # before the session has anything to send.
-        await context.send_initial_metadata(())
-        follow = self._gateway.fanout.follow(session_id, request.after_seq)
+        # Counted with the SSE streams, before the ledger is asked anything.
+        slot = self._guards.streams.acquire(caller)
         try:
-            async for batch in follow:
-                for item in batch:
-                    event = convert_once(item)
-                    if event is not None:
-                        yield event
-                if isinstance(batch[-1], Drain):
-                    retry = self._gateway.config.drain_retry_after_ms
-                    yield pb.StreamEventsResponse(drain=pb.Drain(retry_after_ms=retry))
-                    return
+            await self._gateway.check_cursor(caller, session_id, request.after_seq)
+            # Headers now, as HTTP's 200: the caller knows the stream is
+            # accepted before the session has anything to send.
+            await context.send_initial_metadata(())
+            follow = self._gateway.fanout.follow(session_id, request.after_seq)
+            try:
+                async for batch in follow:
+                    for item in batch:
+                        event = convert_once(item)
+                        if event is not None:
+                            yield event
+                    if isinstance(batch[-1], Drain):
+                        retry = self._gateway.config.drain_retry_after_ms
+                        yield pb.StreamEventsResponse(drain=pb.Drain(retry_after_ms=retry))
+                        return
+            finally:
+                await follow.aclose()
         finally:
-            await follow.aclose()
+            slot.release()
 
     @_unary
     async def GetContext(
@@ -317,8 +344,10 @@ def _committed(committed: Committed) -> dict[str, Any]:
     }
 
 
-def session_service(gateway: Gateway) -> GrpcService:
-    servicer = SessionServicer(gateway)
+def session_service(gateway: Gateway, guards: Guards | None = None) -> GrpcService:
+    """The service on `gateway`; `guards` are shared with the HTTP app of the
+    same edge (else this service's own)."""
+    servicer = SessionServicer(gateway, guards or Guards.of())
     return GrpcService(
         name=SERVICE_NAME,
         add_to_server=lambda server: pb_grpc.add_SessionServiceServicer_to_server(servicer, server),

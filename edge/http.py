@@ -2,7 +2,11 @@
 the parameters of a request, and counting requests.
 
 Authentication happens in one place, `api_route`: a route of the API gets
-the authenticated `Caller`, or the request is answered 401 before it runs.
+the authenticated `Caller`, or the request is answered 401 (429 for an
+address sending too many unknown keys) before it runs. The key comes in the
+Authorization header; `?access_token=` only where a route allows it (the SSE
+stream, for EventSource, which cannot send headers): anywhere else a key in
+a URL, which ends up in logs and histories, is refused.
 Helpers raise `EdgeError`s; the app's exception handlers turn them (and any
 service's `KeelError`) into JSON `{error: {code, message}}`.
 """
@@ -10,24 +14,31 @@ service's `KeelError`) into JSON `{error: {code, message}}`.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edge.auth import Caller
-from edge.errors import BadRequest, PayloadTooLarge, shown
+from edge.errors import BadRequest, PayloadTooLarge, Unauthorized, error_response, shown
 from edge.gateway import Gateway
+from edge.limits import Guards, client_address
+
+log = logging.getLogger("keel.edge.http")
 
 MAX_BODY_BYTES = 1 << 20
 # Seqs, cursors and offsets travel as int64 on the wire.
 MAX_INT64 = (1 << 63) - 1
 
 ApiHandler = Callable[[Request, Caller], Awaitable[Response]]
+# The status counted for a request whose client left before its answer (as
+# nginx logs it): not the edge's error, so not a 500.
+CLIENT_CLOSED = 499
 
 
 class Metrics:
@@ -43,7 +54,12 @@ class Metrics:
 
 class RequestMetrics:
     """Counts every HTTP request by route name and status, whatever answered
-    it: the route, an exception handler, or the router (404, 405)."""
+    it: the route, an exception handler, or the router (404, 405).
+
+    A client that left mid-request (starlette's `ClientDisconnect`, e.g. an
+    aborted body) is counted as 499 and is no error; any other exception is
+    logged once and answered as a JSON 500, so even that answer passes the
+    middlewares outside this one (the security headers)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -72,6 +88,16 @@ class RequestMetrics:
 
         try:
             await self.app(scope, receive, counting_send)
+        except ClientDisconnect:
+            if not counted:
+                count(CLIENT_CLOSED)
+        except Exception:
+            if counted:
+                raise  # the answer has started: only closing the connection is left
+            log.exception("unexpected error in %s %s", scope.get("method"), scope.get("path"))
+            await error_response(500, "internal", "internal error; see the edge's log")(
+                scope, receive, counting_send
+            )
         finally:
             if not counted:
                 count(500)
@@ -87,20 +113,50 @@ def metrics_of(request: Request) -> Metrics:
     return metrics
 
 
-def bearer(request: Request) -> str:
+def guards_of(request: Request) -> Guards:
+    guards: Guards = request.app.state.guards
+    return guards
+
+
+def bearer(request: Request, query_token: bool = False) -> str:
+    """The request's key: the Authorization header, or `?access_token=` where
+    `query_token` allows it. A key in the URL of any other route is refused
+    rather than ignored, so a client leaking its key into URLs finds out."""
+    in_query = "access_token" in request.query_params
+    if in_query and not query_token:
+        raise Unauthorized(
+            "access_token in the URL is accepted only on GET /v1/sessions/{id}/events; "
+            "send the key as Authorization: Bearer <key>"
+        )
     header = request.headers.get("authorization", "")
     if header.lower().startswith("bearer "):
         return header[7:].strip()
-    # EventSource cannot send headers: the web page passes its key this way.
-    return request.query_params.get("access_token", "")
+    # EventSource cannot send headers: the one place a key may be in the URL.
+    return request.query_params.get("access_token", "") if in_query else ""
 
 
-def api_route(path: str, handler: ApiHandler, methods: list[str]) -> Route:
+def client_host(request: Request) -> str:
+    """The peer's address (a proxy's X-Forwarded-For only from a trusted
+    proxy: uvicorn applies it, see edge/server.py)."""
+    return request.client.host if request.client is not None else ""
+
+
+async def authenticate(request: Request, query_token: bool = False) -> Caller:
+    """The caller of a request, with failed keys limited by client address."""
+    address = client_address(client_host(request))
+    key = bearer(request, query_token)
+    return await gateway_of(request).auth.authenticate(key, address, guards_of(request).failed_keys)
+
+
+def api_route(
+    path: str, handler: ApiHandler, methods: list[str], *, query_token: bool = False
+) -> Route:
     """A route of the API, named after its handler; the one place that
-    authenticates: the handler runs only for a known key."""
+    authenticates: the handler runs only for a known key. `query_token`:
+    the key may come as `?access_token=` (the SSE stream only)."""
 
     async def endpoint(request: Request) -> Response:
-        caller = await gateway_of(request).auth.authenticate(bearer(request))
+        caller = await authenticate(request, query_token)
         return await handler(request, caller)
 
     return Route(path, endpoint, methods=methods, name=handler.__name__)

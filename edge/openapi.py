@@ -80,13 +80,31 @@ _UPLOAD_OFFSET = {
     }
 }
 
-# Every route with a key can answer these; a 413 wherever a body is read.
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds until a key from this address is checked again",
+        "schema": {"type": "integer", "minimum": 1},
+    }
+}
+# Every route with a key can answer these; a 408 and a 413 wherever a body is read.
 _AUTHENTICATED = {
-    "401": _error("Missing or unknown API key"),
+    "401": _error(
+        "Missing or unknown API key, or a key in the URL (`access_token` is accepted "
+        "only on GET /v1/sessions/{id}/events)"
+    ),
+    "429": _json(
+        _ref("Error"),
+        "Too many unknown keys from this client address: no key (except one already "
+        "accepted from it) is checked until Retry-After; `too_many_failed_keys`",
+        _RETRY_AFTER,
+    ),
     "503": _error("A Keel service is unavailable; retry shortly"),
 }
 _BAD = {"400": _error("Bad input (the message names what)")}
-_TOO_LARGE = {"413": _error("The body is larger than the limit")}
+_TOO_LARGE = {
+    "408": _error("The body stopped arriving (stalled, or too slow); the connection is closed"),
+    "413": _error("The body is larger than the limit"),
+}
 _NO_SESSION = {"404": _error("No such session (or another tenant's)")}
 
 _SCHEMAS: dict[str, Schema] = {
@@ -440,6 +458,14 @@ _PATHS: dict[str, Schema] = {
                     "description": "Resume after this seq (wins over ?after=)",
                     "schema": {"type": "string", "pattern": "^[0-9]+$"},
                 },
+                {
+                    "name": "access_token",
+                    "in": "query",
+                    "description": "The API key, for EventSource, which cannot send "
+                    "headers; only here (anywhere else a key in the URL is a 401). "
+                    "Prefer the Authorization header: URLs end up in logs.",
+                    "schema": _STRING,
+                },
             ],
             "responses": {
                 "200": {
@@ -452,6 +478,14 @@ _PATHS: dict[str, Schema] = {
                 **_BAD,
                 **_NO_SESSION,
                 **_AUTHENTICATED,
+                "429": _json(
+                    _ref("Error"),
+                    "SSE: the key or its tenant has as many event streams open (SSE and "
+                    "gRPC together) as it may (`too_many_streams`, naming the limit); or "
+                    "too many unknown keys from this address (`too_many_failed_keys`, "
+                    "with Retry-After)",
+                    _RETRY_AFTER,
+                ),
             },
         },
     },
@@ -513,6 +547,10 @@ _PATHS: dict[str, Schema] = {
                 },
                 "404": {"description": "No such blob (or another tenant's)"},
                 "401": {"description": "Missing or unknown API key"},
+                "429": {
+                    "description": "Too many unknown keys from this address",
+                    "headers": _RETRY_AFTER,
+                },
             },
         },
         "patch": {
@@ -536,6 +574,7 @@ _PATHS: dict[str, Schema] = {
                 "400": _error("No or bad Upload-Offset"),
                 "404": _error("No such blob (or another tenant's)"),
                 "409": _error("Wrong offset (the message tells the real one)"),
+                "408": _TOO_LARGE["408"],
                 "413": _error("The chunk goes past the declared length, or is too large"),
                 **_AUTHENTICATED,
             },
@@ -707,13 +746,17 @@ _PATHS: dict[str, Schema] = {
     "/metrics": {
         "get": {
             "operationId": "metrics",
-            "security": [],
-            "summary": "Prometheus metrics",
+            "summary": "Prometheus metrics (operator key)",
+            "description": "Behind the operator key, sent as Authorization: Bearer: give "
+            "the scraper an operator key. A client that left mid-request is counted as "
+            "status 499, not 500.",
             "responses": {
                 "200": {
                     "description": "Prometheus text format",
                     "content": {"text/plain": {"schema": {"type": "string"}}},
-                }
+                },
+                "403": _error("Not an operator key"),
+                **_AUTHENTICATED,
             },
         }
     },
@@ -745,7 +788,13 @@ OPENAPI: dict[str, Any] = {
     "info": {
         "title": "Keel edge",
         "version": "1.0.0",
-        "description": "Errors are JSON `{error: {code, message}}` with a 4xx status.",
+        "description": "Errors are JSON `{error: {code, message}}` with a 4xx status. "
+        "The key goes in the Authorization header (`Bearer <key>`); `?access_token=` is "
+        "accepted on GET /v1/sessions/{id}/events only. Unknown keys are limited per "
+        "client address (429 with Retry-After), event streams per key and per tenant "
+        "(429), and a request's head and body must keep arriving (408). Every answer "
+        "carries X-Content-Type-Options: nosniff, a Content-Security-Policy with "
+        "frame-ancestors 'none', X-Frame-Options: DENY and Referrer-Policy: no-referrer.",
     },
     "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},

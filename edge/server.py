@@ -1,6 +1,15 @@
 """Serving the edge, embedded in `keel up` or alone (`keel edge`): the HTTP
 API with uvicorn and, when `EdgeConfig.grpc_port` is set, the public gRPC API
-(keel.sessions.v1) with health and reflection, both on one gateway."""
+(keel.sessions.v1) with health and reflection, both on one gateway.
+
+Both doors share one `Guards` (edge/limits.py): failed keys are counted per
+client address whichever door they come through, and event streams per key
+and tenant over SSE and gRPC together. `ClientLimits` come from `KEEL_EDGE_*`
+unless given. uvicorn runs its h11 protocol with a deadline for request
+heads (edge/slow_clients.py); X-Forwarded-For is believed only from the
+proxies `ClientLimits.trusted_proxies` names (uvicorn would otherwise believe
+it from loopback, where anyone could use it to dodge the per-address limit).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +23,8 @@ import uvicorn
 from edge.app import create_app
 from edge.gateway import EdgeConfig, Gateway
 from edge.grpc_api import session_service
+from edge.limits import ClientLimits, Guards
+from edge.slow_clients import guarded_protocol
 from services.blobs import blob_store
 from services.common.config import Settings
 from services.common.serving import RunningServer, serve_services
@@ -23,10 +34,17 @@ log = logging.getLogger("keel.edge")
 
 class EdgeServer:
     def __init__(
-        self, settings: Settings, config: EdgeConfig, host: str = "127.0.0.1", port: int = 0
+        self,
+        settings: Settings,
+        config: EdgeConfig,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        limits: ClientLimits | None = None,
     ):
         self.settings = settings
         self.config = config
+        self.limits = limits if limits is not None else ClientLimits.from_env()
+        self.guards = Guards.of(self.limits)
         self.host = host
         self.port = port
         self.gateway: Gateway | None = None
@@ -39,10 +57,10 @@ class EdgeServer:
         blobs = await asyncio.to_thread(blob_store, self.settings)
         self.gateway = Gateway(self.config, self.settings, blobs)
         self.gateway.auth.follow_revocations()
-        app = create_app(self.gateway)
+        app = create_app(self.gateway, self.guards)
         if self.config.grpc_port is not None:
             self._grpc = await serve_services(
-                [session_service(self.gateway)],
+                [session_service(self.gateway, self.guards)],
                 f"{self.host}:{self.config.grpc_port}",
                 self.settings,
                 public=True,
@@ -56,8 +74,17 @@ class EdgeServer:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((self.host, self.port))
         self.port = self._socket.getsockname()[1]
+        proxies = list(self.limits.trusted_proxies)
         config = uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
+            app,
+            http=guarded_protocol(self.limits),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+            proxy_headers=bool(proxies),
+            forwarded_allow_ips=proxies or None,
+            server_header=False,
         )
         self._server = uvicorn.Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))

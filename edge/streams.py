@@ -19,10 +19,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from prometheus_client import Gauge
-from sse_starlette import ServerSentEvent
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Receive, Scope, Send
 
 from edge.fanout import Drain, Live
 from edge.gateway import Gateway
+from edge.limits import StreamSlot
 from services.ledger import CommittedFact
 from services.runner.hub import Partial
 
@@ -104,6 +106,26 @@ class SessionStream:
             if self._clients is not None:
                 self._clients.dec()
             await follow.aclose()
+
+
+class LimitedEventSourceResponse(EventSourceResponse):
+    """An SSE response that holds its stream slot (edge/limits.py) until it
+    ends, however it ends: the client left, the edge drained, the stream
+    failed, or it never started."""
+
+    def __init__(self, stream: SessionStream, slot: StreamSlot, ping_s: float) -> None:
+        super().__init__(
+            stream.events(),
+            ping=ping_s,
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+        self._slot = slot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._slot.release()
 
 
 class _EncodedOnce:

@@ -1,4 +1,5 @@
-"""What needs no key: probes, metrics, the OpenAPI document and the web page."""
+"""What needs no key: probes, the OpenAPI document and the web page; and
+the edge's metrics, which need an operator key."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from edge.auth import Caller, require_operator
 from edge.errors import error_response
-from edge.http import gateway_of, metrics_of
+from edge.http import api_route, gateway_of, metrics_of
 from edge.openapi import OPENAPI
 from services.common.errors import KeelError
 
@@ -35,7 +37,12 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({"ready": True})
 
 
-async def metrics(request: Request) -> Response:
+async def metrics(request: Request, caller: Caller) -> Response:
+    """Prometheus metrics, behind the operator key (`Authorization: Bearer`):
+    they name routes, statuses and load, which are the operator's business.
+    A scraper is given an operator key (Prometheus `authorization` in its
+    scrape config)."""
+    require_operator(caller)
     return Response(generate_latest(metrics_of(request).registry), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -50,7 +57,7 @@ async def page(request: Request) -> Response:
 routes: list[BaseRoute] = [
     Route("/healthz", healthz, methods=["GET"]),
     Route("/readyz", readyz, methods=["GET"]),
-    Route("/metrics", metrics, methods=["GET"]),
+    api_route("/metrics", metrics, ["GET"]),
     Route("/openapi.json", openapi, methods=["GET"]),
     Route("/", page, methods=["GET"]),
     Mount("/static", StaticFiles(directory=STATIC), name="static"),

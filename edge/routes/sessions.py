@@ -3,7 +3,6 @@ facts (SSE or pages) and the context the model saw."""
 
 from __future__ import annotations
 
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -15,6 +14,7 @@ from edge.gateway import DEFAULT_SESSION_PAGE, MAX_SESSION_PAGE
 from edge.http import (
     api_route,
     gateway_of,
+    guards_of,
     idempotency_key,
     int_param,
     is_count,
@@ -24,7 +24,7 @@ from edge.http import (
     session_id,
 )
 from edge.inputs import Committed
-from edge.streams import SessionStream, fact_json
+from edge.streams import LimitedEventSourceResponse, SessionStream, fact_json
 
 MAX_PAGE = 1000
 DEFAULT_PAGE = 500
@@ -92,8 +92,8 @@ async def events(request: Request, caller: Caller) -> Response:
         after = int(cursor_header)
     else:
         after = int_param(request, "after", 0)
-    await gateway.check_cursor(caller, ledger_id, after)
     if page_format == "json":
+        await gateway.check_cursor(caller, ledger_id, after)
         limit = min(int_param(request, "limit", DEFAULT_PAGE, minimum=1), MAX_PAGE)
         facts, head = await gateway.ledger.read(ledger_id, after, limit)
         return JSONResponse(
@@ -103,12 +103,16 @@ async def events(request: Request, caller: Caller) -> Response:
                 "next": facts[-1].seq if facts else after,
             }
         )
+    # Counted before the ledger is asked anything: a key over its limit
+    # costs the edge no more than this refusal.
+    slot = guards_of(request).streams.acquire(caller)
+    try:
+        await gateway.check_cursor(caller, ledger_id, after)
+    except BaseException:
+        slot.release()
+        raise
     stream = SessionStream(gateway, ledger_id, after, metrics_of(request).sse_clients)
-    return EventSourceResponse(
-        stream.events(),
-        ping=gateway.config.keepalive_s,
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    return LimitedEventSourceResponse(stream, slot, gateway.config.keepalive_s)
 
 
 async def context(request: Request, caller: Caller) -> Response:
@@ -124,6 +128,7 @@ routes: list[Route] = [
     api_route("/v1/sessions/{id}/inputs", post_input, ["POST"]),
     api_route("/v1/sessions/{id}/retry", retry_input, ["POST"]),
     api_route("/v1/sessions/{id}/cancel", cancel, ["POST"]),
-    api_route("/v1/sessions/{id}/events", events, ["GET"]),
+    # EventSource cannot send headers: the one route taking ?access_token=.
+    api_route("/v1/sessions/{id}/events", events, ["GET"], query_token=True),
     api_route("/v1/sessions/{id}/context", context, ["GET"]),
 ]

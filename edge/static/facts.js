@@ -6,8 +6,8 @@ import { thinkingBlock } from "./previews.js";
 
 export const CANCELLED_STOP = "cancelled";
 
-// Every committed fact kind the edge sends. EventSource has no wildcard
-// listener, so each named event needs its own handler.
+// Every committed fact kind the edge sends: the stream's named events that
+// are facts (the others are partials and signals).
 export const FACT_KINDS = [
   "session_created",
   "input",

@@ -115,7 +115,9 @@ def error_from_rpc(
     if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return ServiceUnavailable(message)
     generic = root.__new__(root)
-    KeelError.__init__(generic, f"{err.code().name}: {message}")
+    # A bare status (a cancelled call has details "CANCELLED") is said once.
+    said = message if message == err.code().name else f"{err.code().name}: {message}"
+    KeelError.__init__(generic, said)
     return generic
 
 

@@ -91,8 +91,15 @@ async def test_bad_requests_are_json_4xx_never_5xx(stack: Stack) -> None:
         ),
         (
             "unknown blob",
-            await http.post(inputs, json={"text": "x", "requestId": "r", "blobs": ["blob-nope"]}),
+            await http.post(
+                inputs, json={"text": "x", "requestId": "r", "blobs": ["blob-" + "0" * 24]}
+            ),
             404,
+        ),
+        (
+            "not a blob id",
+            await http.post(inputs, json={"text": "x", "requestId": "r", "blobs": ["blob-nope"]}),
+            400,
         ),
         (
             "huge body",
@@ -312,7 +319,9 @@ async def test_probes_metrics_and_openapi(stack: Stack) -> None:
         refused = await stack.http.post(f"/v1/sessions/{session}/inputs", json={"txt": "x"})
         assert refused.status_code == 400
         assert (await stack.http.get("/v1/nope")).status_code == 404
-        metrics = await anonymous.get("/metrics")
+        # Metrics are the operator's: the stack's key is an operator key.
+        assert (await anonymous.get("/metrics")).status_code == 401
+        metrics = await stack.http.get("/metrics")
         assert metrics.status_code == 200
         assert metrics.headers["content-type"].startswith("text/plain")
         text = metrics.text

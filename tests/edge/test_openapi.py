@@ -285,8 +285,12 @@ async def test_real_responses_conform_to_the_document(stack: Stack, runner: Runn
         check(one_key, await http.delete(f"/v1/keys/{created.json()['id']}"))
 
         # -- what needs no key
-        for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/"):
+        for path in ("/healthz", "/readyz", "/openapi.json", "/"):
             check(path, await anonymous.get(path))
+        # -- metrics: an operator key's only
+        check("/metrics", await http.get("/metrics"))
+        check("/metrics", await anonymous.get("/metrics"))
+        check("/metrics", await admin_only.get("/metrics"))
     finally:
         for client in (admin_only, plain, anonymous):
             await client.aclose()

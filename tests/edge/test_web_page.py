@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import os
 import re
-import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -35,6 +34,8 @@ from playwright.async_api import Browser, Page, Request, async_playwright, expec
 from kernel import KernelClient
 from services.common.config import Settings
 from tests.processes import ROOT, ChildProcess
+from tests.support.internal_auth import token_env, with_token
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -66,13 +67,6 @@ QUICK_COMPACTION_LOADOUT: dict[str, Any] = {
 }
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @dataclass(frozen=True)
 class KeelUp:
     """A running `keel up`: its base URL, the process, and its kernel's address
@@ -88,6 +82,9 @@ def keel_up_process(data_dir: Path, key: str = KEY, *, processes: bool = False) 
     """`keel up` as a real child process, once it is serving."""
     port = free_port()
     env = dict(os.environ, KEEL_DEV_KEY=key, PYTHONUNBUFFERED="1", KEEL_LOG_LEVEL="INFO")
+    # A token of the test's choosing (an explicit one wins over the one
+    # `keel up` would make), so the test can call the kernel itself.
+    env.update(token_env())
     # SQLite under data_dir, whatever the surrounding environment points at.
     env.pop("KEEL_DATABASE_URL", None)
     keel = Path(sys.executable).with_name("keel")
@@ -121,7 +118,7 @@ def keel_up(data_dir: Path, key: str = KEY) -> Iterator[str]:
 
 async def use_quick_compaction(kernel_target: str) -> int:
     """Sets tenant "default"'s loadout to one that compacts after a few turns."""
-    async with KernelClient(kernel_target, Settings()) as kernel:
+    async with KernelClient(kernel_target, with_token(Settings())) as kernel:
         return await kernel.put_loadout("default", QUICK_COMPACTION_LOADOUT)
 
 
