@@ -56,3 +56,19 @@ pytest: install
 
 clean:
 	rm -rf $(VENV) .tools .keel .mypy_cache .pytest_cache .ruff_cache
+
+# The container image (deploy/Dockerfile), tagged with the project's version
+# and `dev` (the tag the dev overlay runs). Needs a working docker or podman.
+.PHONY: image
+KEEL_VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+IMAGE ?= keel:$(KEEL_VERSION)
+image:
+	@engine="$${CONTAINER_ENGINE:-$$(command -v docker || command -v podman)}"; \
+	if [ -z "$$engine" ]; then \
+	  echo "make image: no container engine here (install docker or podman)" >&2; exit 1; \
+	fi; \
+	if ! "$$engine" info >/dev/null 2>&1; then \
+	  echo "make image: $$engine is installed but cannot build here (no daemon or no permission)" >&2; \
+	  exit 1; \
+	fi; \
+	"$$engine" build -f deploy/Dockerfile -t $(IMAGE) -t keel:dev .

@@ -1,0 +1,1 @@
+"""Deploy artefacts: the image and the Kubernetes manifests, checked offline."""
