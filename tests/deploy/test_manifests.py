@@ -122,6 +122,18 @@ def test_runner_advertises_its_pod_address(rendered: dict[str, list[Doc]]) -> No
         assert "POD_IP" in names
 
 
+@pytest.mark.parametrize("service", ["ledger", "kernel", "compaction", "runner", "edge"])
+def test_every_service_reaches_the_database_from_its_secret(
+    rendered: dict[str, list[Doc]], service: str
+) -> None:
+    # Blobs live in PostgreSQL: a runner or compaction service without the
+    # URL would fall back to an empty store of its own and never show the
+    # model what clients uploaded through the edge.
+    for docs in rendered.values():
+        env = {e["name"]: e for e in container(docs, service).get("env", [])}
+        assert env["KEEL_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "keel-db"
+
+
 def test_internal_grpc_probes_and_edge_http_probes(rendered: dict[str, list[Doc]]) -> None:
     # The edge serves /healthz and /readyz (edge/routes/probes.py).
     served = set(re.findall(r'Route\("(/\w+)"', (ROOT / "edge/routes/probes.py").read_text()))
