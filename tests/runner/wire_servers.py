@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-START_DEADLINE_S = 5.0
+from tests.support.loopback_http import LoopbackHttp
 
 
 @dataclass(frozen=True)
@@ -70,8 +69,7 @@ class WireServer:
     replies: list[Reply] = field(default_factory=list)
     received: list[Received] = field(default_factory=list)
     port: int = 0
-    _server: uvicorn.Server | None = None
-    _task: asyncio.Task[None] | None = None
+    _http: LoopbackHttp | None = None
 
     @property
     def url(self) -> str:
@@ -100,26 +98,8 @@ class WireServer:
 
     async def __aenter__(self) -> WireServer:
         app = Starlette(routes=[Route(self.path, self._handle, methods=["POST"])])
-        config = uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=self.port,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            http="h11",
-            ws="none",
-        )
-        self._server = uvicorn.Server(config)
-        self._task = asyncio.create_task(self._server.serve())
-        async with asyncio.timeout(START_DEADLINE_S):
-            while not self._server.started:
-                if self._task.done():
-                    await self._task  # surfaces the startup error
-                    raise RuntimeError("the wire server exited during startup")
-                await asyncio.sleep(0.005)
-        sockets = self._server.servers[0].sockets
-        self.port = sockets[0].getsockname()[1]
+        self._http = LoopbackHttp(app, self.port)
+        self.port = await self._http.start()
         return self
 
     async def __aexit__(
@@ -128,6 +108,5 @@ class WireServer:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        assert self._server is not None and self._task is not None
-        self._server.should_exit = True
-        await self._task
+        assert self._http is not None
+        await self._http.stop()

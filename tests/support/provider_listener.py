@@ -9,20 +9,18 @@ anything else gets a 404, and is recorded all the same.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.runner.wire_servers import data_frame
+from tests.support.loopback_http import LoopbackHttp
 
-START_DEADLINE_S = 5.0
 ANSWER = "granted answer"
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
@@ -64,8 +62,7 @@ class ProviderListener:
 
     seen: list[Seen] = field(default_factory=list)
     port: int = 0
-    _server: uvicorn.Server | None = None
-    _task: asyncio.Task[None] | None = None
+    _http: LoopbackHttp | None = None
 
     @property
     def url(self) -> str:
@@ -94,25 +91,8 @@ class ProviderListener:
 
     async def __aenter__(self) -> ProviderListener:
         app = Starlette(routes=[Route("/{path:path}", self._handle, methods=_METHODS)])
-        config = uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=0,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            http="h11",
-            ws="none",
-        )
-        self._server = uvicorn.Server(config)
-        self._task = asyncio.create_task(self._server.serve())
-        async with asyncio.timeout(START_DEADLINE_S):
-            while not self._server.started:
-                if self._task.done():
-                    await self._task
-                    raise RuntimeError("the listener exited during startup")
-                await asyncio.sleep(0.005)
-        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        self._http = LoopbackHttp(app)
+        self.port = await self._http.start()
         return self
 
     async def __aexit__(
@@ -121,6 +101,5 @@ class ProviderListener:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        assert self._server is not None and self._task is not None
-        self._server.should_exit = True
-        await self._task
+        assert self._http is not None
+        await self._http.stop()
