@@ -25,6 +25,7 @@ from kernel.codec import (
 )
 from kernel.domain import DrainMode, FinishResult, Lease, LeaseInfo
 from kernel.errors import InvalidArgument, KernelError, UnknownRuntime
+from kernel.handoffs import HandoffNote
 from kernel.registry import HandoffInfo, RuntimeInfo
 from kernel.tenancy import ApiKeyGrant, ApiKeyInfo, Loadout, Revocation, TenantInfo
 from services.common.config import Settings
@@ -237,8 +238,18 @@ class KernelClient:
         response = await unary(self._stub.Renew(request), KernelError)
         return response.expires_at_ms
 
-    async def release(self, session_id: str, epoch: int, runtime_id: str) -> None:
+    async def release(
+        self, session_id: str, epoch: int, runtime_id: str, handoff: HandoffNote | None = None
+    ) -> None:
+        """Hands the lease back. With `handoff` (a drain handing the session
+        to a successor), the kernel also writes the handoff's audit row."""
         request = pb.ReleaseRequest(session_id=session_id, epoch=epoch, runtime_id=runtime_id)
+        if handoff is not None:
+            request.handoff.CopyFrom(
+                pb.HandoffNote(
+                    in_flight=handoff.in_flight, loadout_revision=handoff.loadout_revision
+                )
+            )
         await unary(self._stub.Release(request), KernelError)
 
     async def finish(

@@ -59,6 +59,7 @@ def runtime_to_pb(runtime: RuntimeInfo) -> pb.Runtime:
         session_ids=list(runtime.session_ids),
         started_at_ms=runtime.started_at_ms,
         session_tenant_ids=list(runtime.session_tenant_ids),
+        seen_at_ms=runtime.seen_at_ms,
     )
 
 
@@ -76,6 +77,7 @@ def runtime_from_pb(message: pb.Runtime) -> RuntimeInfo:
         session_ids=tuple(message.session_ids),
         started_at_ms=message.started_at_ms,
         session_tenant_ids=tuple(message.session_tenant_ids),
+        seen_at_ms=message.seen_at_ms,
     )
 
 

@@ -93,6 +93,10 @@ CREATE TABLE IF NOT EXISTS handoffs (
     epoch BIGINT NOT NULL,
     at_ms BIGINT NOT NULL
 );
+-- The handoffs whose successor has not claimed yet: each claim after a
+-- release looks its session up here.
+CREATE INDEX IF NOT EXISTS handoffs_unnamed
+    ON handoffs (session_id) WHERE new_runtime_id = '';
 CREATE TABLE IF NOT EXISTS tenants (
     tenant_id TEXT PRIMARY KEY,
     name TEXT NOT NULL,

@@ -7,7 +7,14 @@ Attach stream while it lives, and may be drained. Handoffs between runtimes
 A process that dies leaves its row behind, detached. Every pod of every
 rolling upgrade would stay listed forever, so rows detached (or never
 attached) for longer than a retention period, and holding no lease, are
-pruned. `seen_at_ms` is when a row last registered, attached or detached.
+pruned. `seen_at_ms` is when a row last registered, attached or detached,
+and is refreshed while the runtime stays attached (`touch`): a row still
+marked attached but not seen for `STALE_AFTER_MS` belongs to a runtime
+whose kernel died with it, and is listed as detached.
+
+A handoff row is written by the release that hands a session off (in the
+release's transaction, `insert_handoff`) with no new runtime yet; the
+claim that takes the session next fills it in (`name_successor`).
 """
 
 from __future__ import annotations
@@ -18,7 +25,13 @@ from dataclasses import dataclass
 from kernel.database import Database, Tx
 from kernel.domain import DrainMode
 from kernel.errors import UnknownRuntime
+from kernel.handoffs import HandoffNote, insert_handoff
 from kernel.store import Clock, now_ms
+
+# A runtime attached to a kernel is touched every TOUCH_MS; one not seen for
+# STALE_AFTER_MS is listed as detached whatever its row says.
+TOUCH_MS = 10_000
+STALE_AFTER_MS = 3 * TOUCH_MS
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,8 @@ class RuntimeInfo:
     started_at_ms: int
     # The tenant of each of `session_ids`, in the same order.
     session_tenant_ids: tuple[str, ...] = ()
+    # When the kernel last heard of it (0: unknown).
+    seen_at_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -139,6 +154,10 @@ class RegistryStore:
     def set_drain(self, runtime_id: str, mode: DrainMode) -> None:
         self._update(runtime_id, "drain_mode = %s", (mode.value,))
 
+    def touch(self, runtime_id: str) -> None:
+        """The runtime is still attached (its liveness, see STALE_AFTER_MS)."""
+        self._update(runtime_id, "seen_at_ms = %s", (self._clock(),))
+
     def prune(self, retention_ms: int) -> int:
         """Deletes the runtimes detached (or never attached) for longer than
         `retention_ms` that hold no lease; returns how many it deleted."""
@@ -172,38 +191,28 @@ class RegistryStore:
         session_id: str,
         epoch: int,
     ) -> int:
-        def work(tx: Tx) -> int:
-            row = tx.one(
-                "INSERT INTO handoffs (old_runtime_id, new_runtime_id, loadout_revision, "
-                "in_flight, session_id, epoch, at_ms) VALUES (%s, %s, %s, %s, %s, %s, %s) "
-                "RETURNING handoff_id",
-                (
-                    old_runtime_id,
-                    new_runtime_id,
-                    loadout_revision,
-                    in_flight,
-                    session_id,
-                    epoch,
-                    self._clock(),
-                ),
+        note = HandoffNote(in_flight=in_flight, loadout_revision=loadout_revision)
+        return self._db.run(
+            lambda tx: insert_handoff(
+                tx, old_runtime_id, new_runtime_id, note, session_id, epoch, self._clock()
             )
-            assert row is not None
-            return int(row[0])
-
-        return self._db.run(work)
+        )
 
     def list_runtimes(
-        self, held_by: Callable[[], dict[str, list[tuple[str, str]]]]
+        self,
+        held_by: Callable[[], dict[str, list[tuple[str, str]]]],
+        stale_after_ms: int = STALE_AFTER_MS,
     ) -> list[RuntimeInfo]:
         rows = self._db.run(
             lambda tx: tx.rows(
                 "SELECT runtime_id, address, host, pid, loadout_revision, version, role, "
-                "drain_mode, attached, started_at_ms FROM runtime_instances "
+                "drain_mode, attached, started_at_ms, seen_at_ms FROM runtime_instances "
                 "ORDER BY runtime_id"
             ),
             write=False,
         )
         sessions = held_by()
+        fresh_since = self._clock() - stale_after_ms
         return [
             RuntimeInfo(
                 runtime_id=row[0],
@@ -214,10 +223,11 @@ class RegistryStore:
                 version=row[5],
                 role=row[6],
                 drain_mode=row[7],
-                attached=bool(row[8]),
+                attached=bool(row[8]) and int(row[10]) >= fresh_since,
                 session_ids=tuple(session for session, _ in sessions.get(row[0], ())),
                 started_at_ms=int(row[9]),
                 session_tenant_ids=tuple(tenant for _, tenant in sessions.get(row[0], ())),
+                seen_at_ms=int(row[10]),
             )
             for row in rows
         ]

@@ -33,13 +33,14 @@ from kernel.config import KernelConfig
 from kernel.domain import DrainMode, Lease, check_id
 from kernel.errors import InvalidArgument
 from kernel.expiry import Attachments
+from kernel.handoffs import HandoffNote
 from kernel.loadout_secrets import check_loadout_secrets
-from kernel.registry import Registration, RegistryStore
+from kernel.registry import TOUCH_MS, Registration, RegistryStore
 from kernel.revocations import RevocationFeed
 from kernel.store import LeaseStore
 from kernel.tenancy import TenantStore, parse_document
 from kernel.waker import ClaimWaker
-from services.common.errors import stream_errors, unary_errors
+from services.common.errors import KeelError, stream_errors, unary_errors
 from services.common.secrets import SecretPolicy
 from services.common.serving import GrpcService
 
@@ -92,6 +93,9 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         self._attachments = attachments
         self._waker = waker
         self._recheck_s = config.recheck_ms / 1000
+        # An attached runtime's row is touched at a heartbeat this often; a
+        # row not touched for three of these is listed as detached.
+        self._touch_ms = max(TOUCH_MS, config.attach_heartbeat_ms)
         # The operator's grants (Settings.secrets); by default none, so a
         # loadout may name no secret at all.
         self._secrets = secrets or SecretPolicy()
@@ -134,7 +138,15 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         self, request: pb.AttachRequest, context: Context
     ) -> AsyncIterator[pb.AttachResponse]:
         runtime_id = check_id(request.runtime_id, "runtime_id")
+        touched = 0
         async for server_time in self._attachments.stream(runtime_id):
+            if touched and server_time - touched >= self._touch_ms:
+                # Liveness: a row never touched again is a runtime gone with
+                # the kernel that held its stream.
+                with contextlib.suppress(KeelError):
+                    await asyncio.to_thread(self._registry.touch, runtime_id)
+                touched = server_time
+            touched = touched or server_time
             yield pb.AttachResponse(server_time_ms=server_time)
 
     @unary_errors
@@ -167,7 +179,9 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
     async def ListRuntimes(
         self, request: pb.ListRuntimesRequest, context: Context
     ) -> pb.ListRuntimesResponse:
-        runtimes = await asyncio.to_thread(self._registry.list_runtimes, self._leases.held_by)
+        runtimes = await asyncio.to_thread(
+            self._registry.list_runtimes, self._leases.held_by, 3 * self._touch_ms
+        )
         return pb.ListRuntimesResponse(runtimes=[runtime_to_pb(r) for r in runtimes])
 
     @unary_errors
@@ -242,11 +256,20 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
 
     @unary_errors
     async def Release(self, request: pb.ReleaseRequest, context: Context) -> pb.ReleaseResponse:
+        handoff = None
+        if request.HasField("handoff"):
+            handoff = HandoffNote(
+                in_flight=_non_negative(request.handoff.in_flight, "in_flight"),
+                loadout_revision=_non_negative(
+                    request.handoff.loadout_revision, "loadout_revision"
+                ),
+            )
         await asyncio.to_thread(
             self._leases.release,
             check_id(request.session_id, "session_id"),
             _epoch(request.epoch),
             check_id(request.runtime_id, "runtime_id"),
+            handoff,
         )
         return pb.ReleaseResponse()
 

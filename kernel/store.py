@@ -34,6 +34,7 @@ from kernel.domain import (
     Transition,
 )
 from kernel.errors import InvalidArgument, KernelError, SessionNotFound, UnknownRuntime
+from kernel.handoffs import HandoffNote, insert_handoff, name_successor
 from kernel.metrics import KernelMetrics
 
 log = logging.getLogger("keel.kernel.store")
@@ -188,6 +189,9 @@ class LeaseStore:
                         continue
                     # The slot (if one was needed) was taken just above.
                     self._apply(tx, transition, done, slots=False)
+                    if record.state in (LeaseState.RELEASED, LeaseState.EXPIRED):
+                        # Given back (a handoff?) or given up: this is the successor.
+                        name_successor(tx, record.session_id, runtime_id)
                     return transition.record.lease(transition.reclaimed)
             return None
 
@@ -201,8 +205,10 @@ class LeaseStore:
         self,
         session_id: str,
         decide: Callable[[SessionRecord, int], tuple[Transition, R]],
+        also: Callable[[Tx, Transition, int], None] | None = None,
     ) -> R:
-        """Loads the session, expires its lease if past TTL, then `decide`s."""
+        """Loads the session, expires its lease if past TTL, then `decide`s;
+        `also` writes more in the same transaction once the decision holds."""
         done: list[Transition] = []
 
         def work(tx: Tx) -> R | _Refused:
@@ -218,6 +224,8 @@ class LeaseStore:
             except KernelError as error:
                 return _Refused(error)
             self._apply(tx, transition, done)
+            if also is not None:
+                also(tx, transition, now)
             return result
 
         outcome = self._db.run(work)
@@ -233,11 +241,20 @@ class LeaseStore:
 
         return self._on_lease(session_id, decide)
 
-    def release(self, session_id: str, epoch: int, runtime_id: str) -> None:
+    def release(
+        self, session_id: str, epoch: int, runtime_id: str, handoff: HandoffNote | None = None
+    ) -> None:
+        """Hands the lease back; with `handoff`, a handoff row is written in
+        the same transaction (once: a retried release writes none)."""
+
         def decide(record: SessionRecord, now: int) -> tuple[Transition, None]:
             return domain.release(record, epoch, runtime_id, now), None
 
-        self._on_lease(session_id, decide)
+        def audit(tx: Tx, transition: Transition, now: int) -> None:
+            if handoff is not None and transition.changed:
+                insert_handoff(tx, runtime_id, "", handoff, session_id, epoch, now)
+
+        self._on_lease(session_id, decide, audit)
 
     def finish(
         self,

@@ -291,23 +291,58 @@ class ReleaseRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     RUNTIME_ID_FIELD_NUMBER: _builtins.int
+    HANDOFF_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     epoch: _builtins.int
     runtime_id: _builtins.str
+    @_builtins.property
+    def handoff(self) -> Global___HandoffNote:
+        """Set when a draining runtime hands the session to a successor with work
+        still owed: the kernel records the handoff in the same transaction as
+        the release, and names the new runtime when a successor claims.
+        """
+
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         epoch: _builtins.int = ...,
         runtime_id: _builtins.str = ...,
+        handoff: Global___HandoffNote | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["handoff", b"handoff"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "runtime_id", b"runtime_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "handoff", b"handoff", "runtime_id", b"runtime_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReleaseRequest: _TypeAlias = ReleaseRequest  # noqa: Y015
+
+@_typing.final
+class HandoffNote(_message.Message):
+    """What a handoff audit row needs from the runtime that hands a session off."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    LOADOUT_REVISION_FIELD_NUMBER: _builtins.int
+    in_flight: _builtins.int
+    """Runs in flight on the old runtime when its drain began."""
+    loadout_revision: _builtins.int
+    """The loadout revision the handed-off attempt pinned."""
+    def __init__(
+        self,
+        *,
+        in_flight: _builtins.int = ...,
+        loadout_revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_flight", b"in_flight", "loadout_revision", b"loadout_revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HandoffNote: _TypeAlias = HandoffNote  # noqa: Y015
 
 @_typing.final
 class ReleaseResponse(_message.Message):
@@ -583,6 +618,7 @@ class Runtime(_message.Message):
     SESSION_IDS_FIELD_NUMBER: _builtins.int
     STARTED_AT_MS_FIELD_NUMBER: _builtins.int
     SESSION_TENANT_IDS_FIELD_NUMBER: _builtins.int
+    SEEN_AT_MS_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     address: _builtins.str
     host: _builtins.str
@@ -593,6 +629,11 @@ class Runtime(_message.Message):
     drain_mode: Global___DrainMode.ValueType
     attached: _builtins.bool
     started_at_ms: _builtins.int
+    seen_at_ms: _builtins.int
+    """When the kernel last heard of this runtime (register, attach, and every
+    few seconds while attached). `attached` is false once this is stale, so
+    a runtime whose kernel died with it is not shown alive.
+    """
     @_builtins.property
     def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -614,10 +655,11 @@ class Runtime(_message.Message):
         session_ids: _abc.Iterable[_builtins.str] | None = ...,
         started_at_ms: _builtins.int = ...,
         session_tenant_ids: _abc.Iterable[_builtins.str] | None = ...,
+        seen_at_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "attached", b"attached", "drain_mode", b"drain_mode", "host", b"host", "loadout_revision", b"loadout_revision", "pid", b"pid", "role", b"role", "runtime_id", b"runtime_id", "session_ids", b"session_ids", "session_tenant_ids", b"session_tenant_ids", "started_at_ms", b"started_at_ms", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "attached", b"attached", "drain_mode", b"drain_mode", "host", b"host", "loadout_revision", b"loadout_revision", "pid", b"pid", "role", b"role", "runtime_id", b"runtime_id", "seen_at_ms", b"seen_at_ms", "session_ids", b"session_ids", "session_tenant_ids", b"session_tenant_ids", "started_at_ms", b"started_at_ms", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -207,21 +207,32 @@ Global___WatchSessionResponse: _TypeAlias = WatchSessionResponse  # noqa: Y015
 
 @_typing.final
 class DrainRequest(_message.Message):
+    """DRAIN_MODE_HANDOFF or DRAIN_MODE_SHUTDOWN drain this runner (and return
+    once the drain has finished: attempts stopped, leases released);
+    DRAIN_MODE_NONE undoes a drain that has not finished.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MODE_FIELD_NUMBER: _builtins.int
     DEADLINE_MS_FIELD_NUMBER: _builtins.int
+    RUNTIME_ID_FIELD_NUMBER: _builtins.int
     mode: Global___DrainMode.ValueType
     deadline_ms: _builtins.int
+    runtime_id: _builtins.str
+    """When set, the runner refuses a request meant for another runtime (a
+    stale local record pointing at an address a new process now holds).
+    """
     def __init__(
         self,
         *,
         mode: Global___DrainMode.ValueType = ...,
         deadline_ms: _builtins.int = ...,
+        runtime_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_ms", b"deadline_ms", "mode", b"mode"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_ms", b"deadline_ms", "mode", b"mode", "runtime_id", b"runtime_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -232,15 +243,30 @@ class DrainResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     IN_FLIGHT_RUNS_FIELD_NUMBER: _builtins.int
+    STOPPED_RUNS_FIELD_NUMBER: _builtins.int
+    UNDONE_FIELD_NUMBER: _builtins.int
+    FINISHED_FIELD_NUMBER: _builtins.int
     in_flight_runs: _builtins.int
+    """Runs in flight when the drain began."""
+    stopped_runs: _builtins.int
+    """Runs stopped where they were (a shutdown, or a handoff past its
+    deadline) rather than at a commit boundary; their leases were released.
+    """
+    undone: _builtins.bool
+    """The drain was undone before it finished: this runner claims again."""
+    finished: _builtins.bool
+    """The drain has finished: this runner exits and is replaced."""
     def __init__(
         self,
         *,
         in_flight_runs: _builtins.int = ...,
+        stopped_runs: _builtins.int = ...,
+        undone: _builtins.bool = ...,
+        finished: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_flight_runs", b"in_flight_runs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finished", b"finished", "in_flight_runs", b"in_flight_runs", "stopped_runs", b"stopped_runs", "undone", b"undone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
