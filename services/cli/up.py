@@ -11,6 +11,11 @@ In both modes the services authenticate to each other with the data dir's
 internal token (services/cli/data_dir.py), and `--model` is granted its key
 variable and its URL's origin for the default tenant, as an operator would
 grant them in KEEL_SECRET_GRANTS and KEEL_PROVIDER_ORIGINS.
+
+A runtime whose drain has finished is replaced, never revived: a drained
+runner or edge process exits and the supervisor starts a new one; embedded,
+a drained runner is stopped and a new runner (a new runtime id) started in
+this process, and a drained edge is restarted on the same port.
 """
 
 from __future__ import annotations
@@ -30,16 +35,15 @@ from urllib.parse import urlsplit
 
 from compaction.server import CompactionServer
 from edge.gateway import EdgeConfig
-from edge.server import EdgeServer
 from kernel import KernelClient, KernelServer
 from services.cli.data_dir import close_data_dir
 from services.cli.discovery import remove_discovery, write_discovery
+from services.cli.embedded_runtimes import EmbeddedEdge, EmbeddedRunners
 from services.common.config import Settings
 from services.common.internal_auth import TOKEN_ENV
 from services.common.secrets import SecretPolicy
 from services.ledger import LedgerServer
 from services.runner.config import RunnerConfig
-from services.runner.server import RunnerServer
 
 DEFAULT_TENANT = "default"
 # `--model provider:name`: where each provider's key (and, for a compatible
@@ -148,6 +152,9 @@ async def up_embedded(settings: Settings, options: UpOptions) -> None:
     ledger = await LedgerServer(settings).start()
     kernel = await KernelServer(settings, ledger_target=ledger.target).start()
     runner_config = RunnerConfig.from_env(ledger.target, kernel.target)
+    # Everything listens on loopback here: an advertise address set for a
+    # standalone runner would send edges elsewhere.
+    runner_config = replace(runner_config, advertise_address="")
     # One compaction service for the runners and the edge (/context), unless
     # KEEL_COMPACTION_ADDRESS names one elsewhere.
     compaction: CompactionServer | None = None
@@ -159,39 +166,34 @@ async def up_embedded(settings: Settings, options: UpOptions) -> None:
             default_context_window=runner_config.default_context_window,
         ).start()
         runner_config = replace(runner_config, compaction_target=compaction.target)
-    runners = [
-        await RunnerServer(settings, runner_config).start() for _ in range(max(options.runners, 1))
-    ]
-    edge = await EdgeServer(
+    runners = await EmbeddedRunners(settings, runner_config, options.runners).start()
+    edge = await EmbeddedEdge(
         settings,
         EdgeConfig(
             ledger.target,
             kernel.target,
             runner_config.compaction_target,
             grpc_port=options.grpc_port,
+            drain_deadline_ms=runner_config.handoff_deadline_ms,
         ),
         options.host,
         options.http_port,
     ).start()
-    assert edge.gateway is not None
-    edge.gateway.local_runtime_ids.update(r.runtime_id for r in runners)
+    assert edge.edge is not None
     key = await bootstrap_tenant(kernel.target, settings, options.dev_key, options.model)
     url = f"http://{options.host}:{edge.port}"
-    grpc_address = edge.grpc_address or ""
+    grpc_address = edge.edge.grpc_address or ""
     _announce_grpc(grpc_address)
     _announce(url, key, options.model)
     try:
         write_discovery(settings.data_dir, url, grpc_address)
         await _wait_for_signal()
         print("draining: in-flight runs settle at a commit boundary…", flush=True)
-        for runner in runners:
-            assert runner.runtime is not None
-            await runner.runtime.drain("handoff", 10_000)
+        await runners.drain("handoff")
     finally:
         remove_discovery(settings.data_dir)
         await edge.stop()
-        for runner in runners:
-            await runner.stop()
+        await runners.stop()
         if compaction is not None:
             await compaction.stop()
         await kernel.stop()
@@ -232,6 +234,8 @@ class Supervisor:
                 "KEEL_PG_SCHEMA": self.settings.pg_schema,
                 # Every child checks and sends the same token (made per data dir).
                 TOKEN_ENV: self.settings.internal_token,
+                # Every child listens on loopback: nothing else to advertise.
+                "KEEL_ADVERTISE_ADDRESS": "",
                 **self.settings.secrets.to_env(),
                 "PYTHONUNBUFFERED": "1",
             }

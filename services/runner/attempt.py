@@ -308,6 +308,8 @@ class Attempt:
         if final:
             data["inputSeqs"] = list(owed.input_seqs)
         await self.commit("assistant", data)
+        if final and faults.injected("duplicate_reply"):
+            await self.commit("assistant", {**data, "generationId": f"{generation}-again"})
         # The final answer's boundary is in the runtime, between it and Finish.
         self.boundary("after_final_answer" if final else "after_assistant_commit")
 

@@ -16,6 +16,18 @@ from services.runner.hub import WatchEvent
 
 
 @dataclass(frozen=True)
+class DrainOutcome:
+    # Runs in flight when the drain began.
+    in_flight_runs: int
+    # Stopped where they were (shutdown, or past the handoff deadline).
+    stopped_runs: int
+    # Undone before it finished: the runner claims again.
+    undone: bool
+    # Finished: the runner exits and is replaced.
+    finished: bool
+
+
+@dataclass(frozen=True)
 class RunnerStatus:
     runtime_id: str
     drain_mode: str
@@ -52,12 +64,29 @@ class RunnerClient:
             if event is not None:
                 yield event
 
-    async def drain(self, mode: str, deadline_ms: int = 30_000) -> int:
-        if mode not in ("handoff", "shutdown"):
-            raise ValueError(f"mode must be handoff or shutdown, got {mode!r}")
-        request = pb.DrainRequest(mode=DRAIN_MODE_TO_PB[mode], deadline_ms=deadline_ms)
+    async def drain(self, mode: str, deadline_ms: int = 0, runtime_id: str = "") -> int:
+        """Drains the runner; returns the runs in flight when it began."""
+        return (await self.drain_outcome(mode, deadline_ms, runtime_id)).in_flight_runs
+
+    async def drain_outcome(
+        self, mode: str, deadline_ms: int = 0, runtime_id: str = ""
+    ) -> DrainOutcome:
+        """Drains the runner (mode handoff or shutdown; returns once the
+        drain has finished) or undoes its unfinished drain (mode "none").
+        `deadline_ms` 0: the runner's own (KEEL_DRAIN_DEADLINE_MS);
+        `runtime_id`: refused unless the runner is that runtime."""
+        if mode not in ("handoff", "shutdown", "none"):
+            raise ValueError(f"mode must be handoff, shutdown or none, got {mode!r}")
+        request = pb.DrainRequest(
+            mode=DRAIN_MODE_TO_PB[mode], deadline_ms=deadline_ms, runtime_id=runtime_id
+        )
         response = await unary(self._stub.Drain(request), RunnerError)
-        return response.in_flight_runs
+        return DrainOutcome(
+            in_flight_runs=response.in_flight_runs,
+            stopped_runs=response.stopped_runs,
+            undone=response.undone,
+            finished=response.finished,
+        )
 
     async def status(self) -> RunnerStatus:
         response = await unary(self._stub.Status(pb.StatusRequest()), RunnerError)

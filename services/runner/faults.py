@@ -1,8 +1,15 @@
-"""Named commit points where a crash test can stop a real runner process.
+"""Named commit points where a test can stop or drain a real runner process.
 
 `KEEL_FAULT_POINT=<name>` (optionally `<name>@<n>` for the n-th time the
-point is reached, 1-based) makes the runner print `FAULT <name>` and freeze
-the whole process there, so the test can SIGKILL it at exactly that point.
+point is reached, 1-based) makes the runner print `FAULT <name>` there and,
+by `KEEL_FAULT_ACTION`:
+- `freeze` (the default): freeze the whole process, so the test can SIGKILL
+  it at exactly that point;
+- `drain`: start a handoff drain of the runtime at once (the handler the
+  runtime registered with `on_drain`), so the attempt hands off at that very
+  boundary, as a rolling update would have it there.
+`KEEL_FAULT_INJECT=duplicate_reply` plants a bug (a final answer committed
+twice under two generation ids) that `keel chaos` must catch.
 Unset in production: `hit()` is then a dictionary lookup.
 """
 
@@ -12,6 +19,7 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 
 POINTS = (
     "after_watermark",
@@ -24,6 +32,19 @@ POINTS = (
 )
 
 _seen: Counter[str] = Counter()
+_drain_handler: Callable[[], None] | None = None
+
+
+def on_drain(handler: Callable[[], None]) -> None:
+    """What `KEEL_FAULT_ACTION=drain` calls at the fault point: it must mark
+    the runtime draining before it returns (the boundary check follows)."""
+    global _drain_handler
+    _drain_handler = handler
+
+
+def injected(bug: str) -> bool:
+    """Whether `KEEL_FAULT_INJECT` plants `bug` (tests of the checkers only)."""
+    return bug in os.environ.get("KEEL_FAULT_INJECT", "").split(",")
 
 
 def _target() -> tuple[str, int] | None:
@@ -43,6 +64,10 @@ def hit(point: str) -> None:
         return
     print(f"FAULT {point}", flush=True)
     sys.stdout.flush()
+    if os.environ.get("KEEL_FAULT_ACTION", "freeze") == "drain":
+        if _drain_handler is not None:
+            _drain_handler()
+        return
     # Freeze everything (event loop, lease renewal): the test kills us here.
     while True:
         time.sleep(3600)

@@ -3,7 +3,11 @@
 Recovery is not a mode here. A lease that comes back `reclaimed` is handled
 exactly like a fresh one: the attempt rebuilds from the ledger and does what
 is missing. Losing the lease (renewal refused, or a write fenced) stops the
-attempt at once and drops its partials.
+attempt at once, with every task it started, and drops its partials.
+
+Draining (services/runner/drain.py) stops the claim loop and settles or
+stops what runs; once a drain has finished, `finished` is set and whoever
+runs this runtime replaces it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from kernel import KernelClient, Lease
 from services.blob_parts import BlobContent
 from services.blobs import blob_store
 from services.common.config import Settings
+from services.common.errors import KeelError
 from services.ledger import LedgerClient
 from services.runner import faults
 from services.runner.attempt import (
@@ -35,6 +40,15 @@ from services.runner.attempt import (
     renew_until_lost,
 )
 from services.runner.config import RunnerConfig
+from services.runner.drain import (
+    DRAIN_HANDOFF,
+    DRAIN_NONE,
+    DRAIN_SHUTDOWN,
+    Drainer,
+    DrainResult,
+    Running,
+    cancel_and_wait,
+)
 from services.runner.factcache import FactCache, SessionHistory
 from services.runner.hub import PartialHub
 from services.runner.providers import (
@@ -47,7 +61,7 @@ from services.runner.tools import CounterStore, Tool, ToolRegistry, builtin_tool
 
 log = logging.getLogger("keel.runner")
 
-DRAIN_NONE, DRAIN_HANDOFF, DRAIN_SHUTDOWN = "none", "handoff", "shutdown"
+__all__ = ["DRAIN_HANDOFF", "DRAIN_NONE", "DRAIN_SHUTDOWN", "DrainResult", "Runtime", "drive"]
 CANCEL_WATCH_DELAY_S = 0.1
 
 
@@ -68,8 +82,7 @@ class Runtime:
         self.hub = PartialHub()
         self.fact_cache = FactCache(self.ledger, config.cached_facts)
         self.compaction: CompactionHook = compaction or NoCompaction()
-        self.drain_mode = DRAIN_NONE
-        self.in_flight: dict[str, asyncio.Task[None]] = {}
+        self._running: dict[str, Running] = {}
         self._slots = asyncio.Semaphore(config.concurrency)
         self._providers: dict[str, Provider] = {}
         self._tools: Mapping[str, Tool] = builtin_tools(
@@ -81,10 +94,36 @@ class Runtime:
         self._attachment: Any = None
         self._idle = asyncio.Event()
         self._idle.set()
+        self._drainer = Drainer(
+            self.runtime_id,
+            self.kernel,
+            self.ledger,
+            self._running,
+            self._idle,
+            self._stop_claiming,
+            self._start_claiming,
+        )
+
+    @property
+    def drain_mode(self) -> str:
+        return self._drainer.mode
+
+    @property
+    def finished(self) -> asyncio.Event:
+        """Set once a drain has finished: this runtime must be replaced."""
+        return self._drainer.finished
+
+    @property
+    def in_flight(self) -> dict[str, asyncio.Task[None]]:
+        return {session_id: r.task for session_id, r in self._running.items()}
 
     @property
     def claiming(self) -> bool:
-        return self.drain_mode == DRAIN_NONE and self._claim_task is not None
+        return (
+            self.drain_mode == DRAIN_NONE
+            and self._claim_task is not None
+            and not self._claim_task.done()
+        )
 
     # -- life cycle --
 
@@ -95,8 +134,14 @@ class Runtime:
         await self._register()
         self._attachment = self.kernel.attach(self.runtime_id, reregister=self._register)
         await self._attachment.wait_connected()
-        self._claim_task = asyncio.create_task(self._claim_loop(), name="claim-loop")
+        self._start_claiming()
+        faults.on_drain(self._drain_at_fault_point)
         return self
+
+    def _drain_at_fault_point(self) -> None:
+        # Marked draining before returning, so the boundary check that
+        # follows the fault point hands the attempt off right there.
+        self._drainer.start(DRAIN_HANDOFF, self.settings.lease_ms)
 
     async def _register(self) -> None:
         await self.kernel.register_runtime(
@@ -112,11 +157,11 @@ class Runtime:
             await self.kernel.set_drain(self.runtime_id, self.drain_mode)
 
     async def stop(self) -> None:
-        """Stops claiming and abandons in-flight attempts (their leases expire)."""
+        """Stops claiming and stops in-flight attempts where they are (the
+        kernel ends their leases when this runtime detaches)."""
+        await self._drainer.close()
         await self._stop_claiming()
-        for task in list(self.in_flight.values()):
-            task.cancel()
-        await asyncio.gather(*self.in_flight.values(), return_exceptions=True)
+        await cancel_and_wait([r.task for r in self._running.values()])
         self.hub.close_all()
         if self._attachment is not None:
             await self._attachment.close()
@@ -125,29 +170,32 @@ class Runtime:
         await self.ledger.close()
         await self.kernel.close()
 
-    async def _stop_claiming(self) -> None:
-        if self._claim_task is not None:
-            self._claim_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._claim_task
+    def _start_claiming(self) -> None:
+        if self._claim_task is None or self._claim_task.done():
+            self._claim_task = asyncio.create_task(self._claim_loop(), name="claim-loop")
 
-    async def drain(self, mode: str, deadline_ms: int) -> int:
+    async def _stop_claiming(self) -> None:
+        task = self._claim_task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def drain(self, mode: str, deadline_ms: int) -> DrainResult:
         """Stops claiming at once; `handoff` settles in-flight attempts at a
-        commit boundary and releases them, `shutdown` abandons them."""
+        commit boundary (stopping those still running at the deadline),
+        `shutdown` stops them at once. Returns once the drain has finished
+        (or was undone): no attempt of this runtime runs any more and every
+        lease it held is given back."""
         if mode not in (DRAIN_HANDOFF, DRAIN_SHUTDOWN):
             raise ValueError(mode)
-        in_flight = len(self.in_flight)
-        self.drain_mode = mode
-        with contextlib.suppress(Exception):
-            await self.kernel.set_drain(self.runtime_id, mode)
-        await self._stop_claiming()
-        if mode == DRAIN_HANDOFF:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), deadline_ms / 1000)
-        for task in list(self.in_flight.values()):
-            task.cancel()
-        await asyncio.gather(*self.in_flight.values(), return_exceptions=True)
-        return in_flight
+        # Shielded: a caller that goes away does not leave the drain half done.
+        return await asyncio.shield(self._drainer.start(mode, deadline_ms))
+
+    async def undrain(self) -> DrainResult:
+        """Undoes a drain that has not finished (`finished` in the result
+        when it is too late)."""
+        return await self._drainer.undo()
 
     # -- claiming --
 
@@ -167,9 +215,21 @@ class Runtime:
             if lease is None:
                 self._slots.release()
                 continue
+            if self.drain_mode != DRAIN_NONE:
+                # Granted while a drain was starting (before the kernel knew
+                # of it): handed straight back, never begun.
+                self._slots.release()
+                await self._hand_back_unstarted(lease)
+                continue
             self._idle.clear()
             task = asyncio.create_task(self._run(lease), name=f"attempt-{lease.session_id}")
-            self.in_flight[lease.session_id] = task
+            self._running[lease.session_id] = Running(task, lease)
+
+    async def _hand_back_unstarted(self, lease: Lease) -> None:
+        try:
+            await self.kernel.release(lease.session_id, lease.epoch, self.runtime_id)
+        except KeelError as error:
+            log.warning("could not hand back %s: %s", lease.session_id, error)
 
     async def _run(self, lease: Lease) -> None:
         try:
@@ -196,9 +256,9 @@ class Runtime:
                 )
         finally:
             self.hub.release(lease.session_id)
-            self.in_flight.pop(lease.session_id, None)
+            self._running.pop(lease.session_id, None)
             self._slots.release()
-            if not self.in_flight:
+            if not self._running:
                 self._idle.set()
 
     def _provider(self, tenant_id: str, model: Mapping[str, Any]) -> Provider:
@@ -220,7 +280,8 @@ class Runtime:
             kernel=self.kernel,
             hub=self.hub,
             compaction=self.compaction,
-            handoff_requested=lambda: self.drain_mode == DRAIN_HANDOFF,
+            # A shutdown stops attempts anyway; one at a boundary stops there.
+            handoff_requested=lambda: self.drain_mode != DRAIN_NONE,
             lease_ms=self.settings.lease_ms,
             blobs=self.blobs,
         )
@@ -236,6 +297,9 @@ class Runtime:
         provider = self._provider(lease.tenant_id, loadout.model)
         attempt = Attempt(services, lease, loadout, provider, tools)
         attempt.facts, attempt.parsed = history.facts, history.parsed
+        running = self._running.get(lease.session_id)
+        if running is not None:
+            running.attempt = attempt
         try:
             await self._work(attempt)
         finally:
@@ -262,13 +326,13 @@ class Runtime:
         except asyncio.CancelledError:
             if lost:
                 return  # a successor owns it; our partials die with us
-            raise  # shutdown: abandoned, the lease expires
+            raise  # stopped by a drain (which gives the lease back) or by stop()
         except Fenced:
             log.info("attempt on %s fenced off by a newer epoch", lease.session_id)
             return
         except HandoffStop as stop:
             log.info("handoff: %s stops at %s", lease.session_id, stop)
-            await self._hand_back(lease)
+            await self._drainer.settle_at_boundary(attempt)
             return
         except ProviderError as error:
             await self._failed(attempt, str(error), error.retryable)
@@ -284,16 +348,6 @@ class Runtime:
         faults.hit("after_final_before_finish")
         await self.kernel.finish(
             lease.session_id, lease.epoch, self.runtime_id, read_through=attempt.watermark
-        )
-
-    async def _hand_back(self, lease: Lease) -> None:
-        await self.kernel.release(lease.session_id, lease.epoch, self.runtime_id)
-        await self.kernel.record_handoff(
-            self.runtime_id,
-            "",
-            in_flight=len(self.in_flight),
-            session_id=lease.session_id,
-            epoch=lease.epoch,
         )
 
     async def _failed(self, attempt: Attempt, error: str, retryable: bool) -> None:
@@ -320,25 +374,31 @@ class Runtime:
 
 
 async def drive(attempt: Attempt) -> None:
-    """Runs the attempt's turns, interrupting the current step on a cancel."""
+    """Runs the attempt's turns, interrupting the current step on a cancel.
+
+    The turns run in a task of their own (so a client's cancel can stop the
+    current step); whatever ends this coroutine — a lost lease, a drain —
+    ends that task too, and waits for it, so no step of the attempt goes on
+    committing after the attempt is over."""
     if not await attempt.start():
         return
     while True:
         seen_cancel = max((f.seq for f in attempt.facts if f.kind == "cancelled"), default=0)
-        work = asyncio.create_task(attempt.run_turns())
+        work = asyncio.create_task(attempt.run_turns(), name=f"turns-{attempt.session_id}")
         watch = asyncio.create_task(_cancel_arrives(attempt, seen_cancel))
-        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if work in done:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
-            work.result()
-            return
-        # A client cancelled: stop the current generation or tool batch, then
-        # let the turn loop settle what the cancel covers.
-        work.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await work
+        try:
+            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if watch in done and watch.exception() is not None:
+                # No way to hear of cancels now: let the turns finish.
+                log.warning("cancel watch of %s failed: %s", attempt.session_id, watch.exception())
+                await asyncio.wait({work})
+            if work in done or work.done():
+                work.result()
+                return
+        finally:
+            await cancel_and_wait([work, watch])
+        # A client cancelled: the current generation or tool batch has been
+        # stopped; let the turn loop settle what the cancel covers.
         await attempt.refresh()
 
 

@@ -40,13 +40,28 @@ class RunnerServicer(pb_grpc.RunnerServiceServicer):
 
     @unary_errors
     async def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainResponse:
+        runtime = self._runtime
+        if request.runtime_id and request.runtime_id != runtime.runtime_id:
+            raise InvalidDrain(
+                f"this is runtime {runtime.runtime_id}, not {request.runtime_id}",
+                runtime_id=runtime.runtime_id,
+            )
         mode = DRAIN_MODE_FROM_PB.get(request.mode)
-        if mode is None or mode == DRAIN_NONE:
-            raise InvalidDrain("mode must be DRAIN_MODE_HANDOFF or DRAIN_MODE_SHUTDOWN")
+        if mode is None:
+            raise InvalidDrain("mode must be DRAIN_MODE_HANDOFF, DRAIN_MODE_SHUTDOWN or NONE")
         if request.deadline_ms < 0:
             raise InvalidDrain(f"deadline_ms must be >= 0, got {request.deadline_ms}")
-        in_flight = await self._runtime.drain(mode, request.deadline_ms or 30_000)
-        return pb.DrainResponse(in_flight_runs=in_flight)
+        if mode == DRAIN_NONE:
+            result = await runtime.undrain()
+        else:
+            deadline = request.deadline_ms or runtime.config.handoff_deadline_ms
+            result = await runtime.drain(mode, deadline)
+        return pb.DrainResponse(
+            in_flight_runs=result.in_flight,
+            stopped_runs=result.stopped,
+            undone=result.undone,
+            finished=result.finished,
+        )
 
     @unary_errors
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
