@@ -95,6 +95,8 @@ class EdgeConfig:
     # The public gRPC API (keel.sessions.v1) on this port of the edge's host;
     # None: not served, 0: any free port.
     grpc_port: int | None = None
+    # A drain's deadline when its request names none (KEEL_DRAIN_DEADLINE_MS).
+    drain_deadline_ms: int = 30_000
 
 
 class Gateway:
@@ -113,12 +115,13 @@ class Gateway:
         self.edge_id = f"edge-{uuid.uuid4().hex[:12]}"
         self.draining = asyncio.Event()
         self.drain_mode = "none"
+        # A drain of this edge has finished: it must be replaced (a
+        # standalone edge exits; `keel up` starts another in its place).
+        self.drained = asyncio.Event()
         self.auth = Authenticator(self.kernel, self.edge_id)
         self._runners: dict[str, RunnerClient] = {}
         self._addresses: dict[str, str] = {}
         self._tenants: dict[str, str] = {}
-        # Runners living in this process (keel up): drained with the edge.
-        self.local_runtime_ids: set[str] = set()
 
     def start_draining(self, mode: str = "shutdown") -> None:
         """Stop serving streams: every SSE client gets `drain` and reconnects.
@@ -126,6 +129,16 @@ class Gateway:
         self.drain_mode = mode
         self.draining.set()
         self.fanout.drain()
+
+    def stop_draining(self) -> bool:
+        """Undoes a drain that has not finished: streams are served again
+        and /readyz is 200. False when there was nothing to undo."""
+        if self.drained.is_set() or not self.draining.is_set():
+            return False
+        self.draining.clear()
+        self.drain_mode = "none"
+        self.fanout.draining = False
+        return True
 
     async def close(self) -> None:
         await self.auth.close()

@@ -226,16 +226,91 @@ _SCHEMAS: dict[str, Schema] = {
         [],
         {
             "mode": {"enum": ["handoff", "shutdown"], "default": "handoff"},
-            "deadlineMs": {"type": "integer", "minimum": 0, "default": 30_000},
-            "runtimeId": {"type": "string", "description": "one runner; else this runtime"},
+            "deadlineMs": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "default: the edge's KEEL_DRAIN_DEADLINE_MS (30000)",
+            },
+            "runtimeId": {
+                "type": "string",
+                "description": "one runner, or this edge by its id; else every attached runner",
+            },
         },
     ),
     "Drained": _object(
-        ["mode", "runtimes", "edge"],
+        ["mode", "runtimes", "stopped", "failed", "undone", "edge"],
         {
             "mode": {"enum": ["handoff", "shutdown"]},
-            "runtimes": {"type": "object", "additionalProperties": _INT},
-            "edge": {"type": ["string", "null"]},
+            "runtimes": {
+                "type": "object",
+                "additionalProperties": _INT,
+                "description": "each runner drained: its runs in flight when the drain began",
+            },
+            "stopped": {
+                "type": "object",
+                "additionalProperties": _INT,
+                "description": "each runner drained: runs stopped where they were (shutdown, "
+                "or past the deadline) rather than at a commit boundary",
+            },
+            "failed": {
+                "type": "object",
+                "additionalProperties": _STRING,
+                "description": "runners that could not be drained, and why",
+            },
+            "undone": {
+                "type": "array",
+                "items": _STRING,
+                "description": "runners whose drain was undone before it finished",
+            },
+            "edge": {"type": ["string", "null"], "description": "this edge, when it was named"},
+            "openStreams": {
+                "type": "integer",
+                "description": "this edge: streams still open when its drain finished",
+            },
+        },
+    ),
+    "DrainUndo": _object(
+        [],
+        {
+            "runtimeId": {
+                "type": "string",
+                "description": "one runner, or this edge; else every draining runner and this edge",
+            }
+        },
+    ),
+    "DrainUndone": _object(
+        ["undone", "finished", "failed", "edge"],
+        {
+            "undone": {"type": "array", "items": _STRING, "description": "claiming again"},
+            "finished": {
+                "type": "array",
+                "items": _STRING,
+                "description": "too late: their drain finished, they are being replaced",
+            },
+            "failed": {"type": "object", "additionalProperties": _STRING},
+            "edge": {"type": ["string", "null"], "description": "this edge, if it was undone"},
+        },
+    ),
+    "LocalDrain": _object(
+        [],
+        {
+            "mode": {"enum": ["handoff", "shutdown"], "default": "handoff"},
+            "deadlineMs": {"type": "integer", "minimum": 0},
+            "runtimeId": {"type": "string", "description": "refused unless this edge's id"},
+            "undo": {"type": "boolean", "default": False},
+        },
+    ),
+    "LocalDrained": _object(
+        ["edge"],
+        {
+            "edge": _STRING,
+            "mode": {"enum": ["handoff", "shutdown"]},
+            "openStreams": {
+                "type": "integer",
+                "description": "streams still open when the deadline passed",
+            },
+            "finished": {"type": "boolean"},
+            "undone": {"type": "boolean"},
         },
     ),
     "HeldSession": _object(
@@ -243,10 +318,15 @@ _SCHEMAS: dict[str, Schema] = {
         {"id": _STRING, "tenant": {"type": "string", "description": "operators only"}},
     ),
     "Runtime": _object(
-        ["runtimeId", "role", "drainMode", "claiming", "inFlightRuns", "sessions"],
+        ["runtimeId", "role", "liveness", "drainMode", "claiming", "inFlightRuns", "sessions"],
         {
             "runtimeId": _STRING,
             "role": {"enum": ["runner", "edge"]},
+            "liveness": {
+                "enum": ["live", "unreachable", "gone"],
+                "description": "live: it answered this edge; unreachable: attached to the "
+                "kernel but not answering at its address; gone: detached",
+            },
             "drainMode": _STRING,
             "attached": {"type": "boolean"},
             "claiming": {"type": "boolean"},
@@ -259,7 +339,15 @@ _SCHEMAS: dict[str, Schema] = {
         },
     ),
     "RuntimeStatus": _object(
-        ["runtimes"], {"runtimes": {"type": "array", "items": _ref("Runtime")}}
+        ["runtimes", "claimingRunners"],
+        {
+            "runtimes": {"type": "array", "items": _ref("Runtime")},
+            "claimingRunners": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "0: inputs are accepted and wait until a runner claims",
+            },
+        },
     ),
     "Loadout": _object(
         ["revision", "document"],
@@ -596,11 +684,30 @@ _PATHS: dict[str, Schema] = {
     "/v1/runtime/drain": {
         "post": {
             "operationId": "drain",
-            "summary": "Drain a runner, or this runtime (operator key)",
+            "summary": "Drain one runtime, or every attached runner (operator key); "
+            "answers once the drains have finished",
             "requestBody": _optional_body(_ref("Drain")),
             "responses": {
-                "202": _json(_ref("Drained"), "Draining"),
+                "202": _json(_ref("Drained"), "Drained"),
                 "403": _error("Not an operator key"),
+                "404": _error("No runtime with this id is registered"),
+                "409": _error("The runtime named is gone, or is an edge other than this one"),
+                **_BAD,
+                **_TOO_LARGE,
+                **_AUTHENTICATED,
+            },
+        }
+    },
+    "/v1/runtime/drain/undo": {
+        "post": {
+            "operationId": "undoDrain",
+            "summary": "Undo drains that have not finished (operator key)",
+            "requestBody": _optional_body(_ref("DrainUndo")),
+            "responses": {
+                "200": _json(_ref("DrainUndone"), "Undone"),
+                "403": _error("Not an operator key"),
+                "404": _error("No runtime with this id is registered"),
+                "409": _error("The runtime named is gone, or its drain has finished"),
                 **_BAD,
                 **_TOO_LARGE,
                 **_AUTHENTICATED,
@@ -724,6 +831,24 @@ _PATHS: dict[str, Schema] = {
             },
         },
     },
+    "/internal/v1/drain": {
+        "post": {
+            "operationId": "localDrain",
+            "security": [],
+            "summary": "Internal: drain this edge (`keel drain --local`), from this host with "
+            "the internal token in x-keel-token; answers once its streams are gone or "
+            "the deadline has passed",
+            "requestBody": _optional_body(_ref("LocalDrain")),
+            "responses": {
+                "200": _json(_ref("LocalDrained"), "Drained (or undone)"),
+                "401": _error("No internal token, or a wrong one"),
+                "403": _error("Not from this host, or this edge has no internal token"),
+                "409": _error("Another edge's id, or an undo after the drain finished"),
+                **_BAD,
+                **_TOO_LARGE,
+            },
+        }
+    },
     "/healthz": {
         "get": {
             "operationId": "healthz",
@@ -737,6 +862,10 @@ _PATHS: dict[str, Schema] = {
             "operationId": "readyz",
             "security": [],
             "summary": "The edge can serve (the kernel answers, not draining)",
+            "description": "Still 200 when no runner claims: inputs are accepted (durably) "
+            "and wait for a runner, and taking every edge out of service would only make "
+            "the sessions unreadable too. `claimingRunners` in /v1/runtime/status (and "
+            "`keel status`) says when nothing claims.",
             "responses": {
                 "200": _json(_object(["ready"], {"ready": {"const": True}}), "ready"),
                 "503": _error("draining, or the kernel is not reachable"),

@@ -9,6 +9,10 @@ unless given. uvicorn runs its h11 protocol with a deadline for request
 heads (edge/slow_clients.py); X-Forwarded-For is believed only from the
 proxies `ClientLimits.trusted_proxies` names (uvicorn would otherwise believe
 it from loopback, where anyone could use it to dodge the per-address limit).
+
+An edge records itself under the data dir (services/common/runtime_records.py)
+so `keel drain --local` can find it; once such a drain has finished, a
+standalone edge exits 0 and is replaced, like a runner.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from pathlib import Path
 
 import uvicorn
 
@@ -27,6 +32,7 @@ from edge.limits import ClientLimits, Guards
 from edge.slow_clients import guarded_protocol
 from services.blobs import blob_store
 from services.common.config import Settings
+from services.common.runtime_records import forget_runtime, local_dial_address, record_runtime
 from services.common.serving import RunningServer, serve_services
 
 log = logging.getLogger("keel.edge")
@@ -52,6 +58,7 @@ class EdgeServer:
         self._task: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None
         self._grpc: RunningServer | None = None
+        self._record: Path | None = None
 
     async def start(self) -> EdgeServer:
         blobs = await asyncio.to_thread(blob_store, self.settings)
@@ -92,6 +99,12 @@ class EdgeServer:
             if self._task.done():
                 self._task.result()
             await asyncio.sleep(0.01)
+        self._record = record_runtime(
+            self.settings.data_dir,
+            self.gateway.edge_id,
+            "edge",
+            local_dial_address(self.host, self.port),
+        )
         return self
 
     @property
@@ -106,6 +119,8 @@ class EdgeServer:
         return f"{self.host}:{self._grpc.port}"
 
     async def stop(self) -> None:
+        if self._record is not None:
+            forget_runtime(self._record)
         if self.gateway is not None:
             self.gateway.start_draining()  # SSE clients get `drain`, then streams end
         if self._server is not None:
@@ -123,18 +138,27 @@ class EdgeServer:
 
 
 async def run_edge(settings: Settings, config: EdgeConfig, host: str, port: int) -> None:
-    """Serves until SIGINT/SIGTERM; then SSE clients get `drain` and the listener closes."""
+    """Serves until SIGINT/SIGTERM, or until a drain of this edge has
+    finished (then exits 0: the edge is replaced); SSE clients get `drain`
+    and the listener closes."""
     import signal
 
     server = await EdgeServer(settings, config, host, port).start()
-    print(f"edge listening on {host}:{server.port}", flush=True)
+    assert server.gateway is not None
+    print(f"edge {server.gateway.edge_id} listening on {host}:{server.port}", flush=True)
     if server.grpc_address is not None:
         print(f"gRPC API: {server.grpc_address}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    signalled = asyncio.ensure_future(stop.wait())
+    drained = asyncio.ensure_future(server.gateway.drained.wait())
     try:
-        await stop.wait()
+        await asyncio.wait({signalled, drained}, return_when=asyncio.FIRST_COMPLETED)
+        if server.gateway.drained.is_set():
+            print(f"edge {server.gateway.edge_id} drained; exiting", flush=True)
     finally:
+        for waiter in (signalled, drained):
+            waiter.cancel()
         await server.stop()

@@ -1,26 +1,34 @@
-"""The runtime: drain it (operator) and report its state (admin or operator)."""
+"""The runtime: drain it and undo that (operator), report its state (admin
+or operator), and the local drain `keel drain --local` sends this edge.
+
+The local drain is not part of the public API: it is answered only to a
+caller on this host (loopback) holding the internal token, which the
+processes of one pod or one `keel up` share.
+"""
 
 from __future__ import annotations
+
+import hmac
+import ipaddress
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edge.auth import Caller, require_admin, require_operator
-from edge.errors import BadRequest
-from edge.http import MAX_INT64, api_route, gateway_of, json_body
-from edge.runtime_ops import drain_runners, report
+from edge.errors import BadRequest, Conflict, Forbidden, Unauthorized
+from edge.gateway import Gateway
+from edge.http import MAX_INT64, api_route, client_host, gateway_of, json_body
+from edge.runtime_ops import drain_runtimes, drain_this_edge, report, undo_drains
+from services.common.internal_auth import TOKEN_HEADER
+from services.common.runtime_records import LOCAL_DRAIN_PATH
 
 DRAIN_MODES = ("handoff", "shutdown")
-DEFAULT_DRAIN_DEADLINE_MS = 30_000
 
 
-async def drain(request: Request, caller: Caller) -> Response:
-    gateway = gateway_of(request)
-    require_operator(caller)
-    body = await json_body(request, {"mode", "deadlineMs", "runtimeId"})
+def _mode_and_deadline(body: dict[str, object], gateway: Gateway) -> tuple[str, int]:
     mode = body.get("mode", "handoff")
-    deadline = body.get("deadlineMs", DEFAULT_DRAIN_DEADLINE_MS)
+    deadline = body.get("deadlineMs", gateway.config.drain_deadline_ms)
     if mode not in DRAIN_MODES:
         raise BadRequest("mode must be handoff or shutdown")
     if (
@@ -29,12 +37,32 @@ async def drain(request: Request, caller: Caller) -> Response:
         or not 0 <= deadline <= MAX_INT64
     ):
         raise BadRequest("deadlineMs must be a non-negative integer")
+    return str(mode), deadline
+
+
+def _runtime_id(body: dict[str, object]) -> str | None:
     runtime_id = body.get("runtimeId")
     if runtime_id is not None and not isinstance(runtime_id, str):
         raise BadRequest("runtimeId must be a string")
-    # Drains one runner (runtimeId), or this runtime: its local runners
-    # and the edge's SSE clients. Inputs are accepted throughout.
-    return JSONResponse(await drain_runners(gateway, mode, deadline, runtime_id), status_code=202)
+    return runtime_id
+
+
+async def drain(request: Request, caller: Caller) -> Response:
+    gateway = gateway_of(request)
+    require_operator(caller)
+    body = await json_body(request, {"mode", "deadlineMs", "runtimeId"})
+    mode, deadline = _mode_and_deadline(body, gateway)
+    # One runtime (runtimeId: a runner, or this edge), else every attached
+    # runner of the deployment. Inputs are accepted throughout.
+    result = await drain_runtimes(gateway, mode, deadline, _runtime_id(body))
+    return JSONResponse(result, status_code=202)
+
+
+async def undo_drain(request: Request, caller: Caller) -> Response:
+    gateway = gateway_of(request)
+    require_operator(caller)
+    body = await json_body(request, {"runtimeId"})
+    return JSONResponse(await undo_drains(gateway, _runtime_id(body)))
 
 
 async def runtime_status(request: Request, caller: Caller) -> Response:
@@ -45,7 +73,59 @@ async def runtime_status(request: Request, caller: Caller) -> Response:
     return JSONResponse(await report(gateway, caller))
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def _require_local_caller(request: Request, gateway: Gateway) -> None:
+    token = gateway.settings.internal_token
+    if not token:
+        raise Forbidden("this edge has no internal token (KEEL_INTERNAL_TOKEN): no local drain")
+    if not _is_loopback(client_host(request)):
+        raise Forbidden("a local drain is accepted from this host only")
+    given = request.headers.get(TOKEN_HEADER, "")
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        raise Unauthorized(f"a local drain needs the internal token in {TOKEN_HEADER}")
+
+
+async def local_drain(request: Request) -> Response:
+    """Drains this edge (or, with `undo`, undoes that); answers once the
+    drain has finished: its streams are gone or the deadline has passed."""
+    gateway = gateway_of(request)
+    _require_local_caller(request, gateway)
+    body = await json_body(request, {"mode", "deadlineMs", "runtimeId", "undo"})
+    runtime_id = _runtime_id(body)
+    if runtime_id is not None and runtime_id != gateway.edge_id:
+        # A stale record: another edge process listens where it pointed.
+        raise Conflict(f"this is edge {gateway.edge_id}, not {runtime_id}")
+    undo = body.get("undo", False)
+    if not isinstance(undo, bool):
+        raise BadRequest("undo must be a boolean")
+    if undo:
+        if gateway.drained.is_set():
+            raise Conflict("this edge has finished draining: it is being replaced")
+        return JSONResponse({"edge": gateway.edge_id, "undone": gateway.stop_draining()})
+    mode, deadline = _mode_and_deadline(body, gateway)
+    open_streams = await drain_this_edge(gateway, mode, deadline)
+    return JSONResponse(
+        {
+            "edge": gateway.edge_id,
+            "mode": mode,
+            "openStreams": open_streams,
+            "finished": gateway.drained.is_set(),
+        }
+    )
+
+
 routes: list[Route] = [
     api_route("/v1/runtime/drain", drain, ["POST"]),
+    api_route("/v1/runtime/drain/undo", undo_drain, ["POST"]),
     api_route("/v1/runtime/status", runtime_status, ["GET"]),
+    Route(LOCAL_DRAIN_PATH, local_drain, methods=["POST"], name="local_drain"),
 ]

@@ -17,6 +17,7 @@ from referencing.jsonschema import DRAFT202012
 from starlette.routing import Route
 
 from edge.app import create_app
+from services.common.internal_auth import TOKEN_HEADER
 from services.runner.server import RunnerServer
 from tests.edge.conftest import Stack
 
@@ -246,8 +247,17 @@ async def test_real_responses_conform_to_the_document(stack: Stack, runner: Runn
         drain = "/v1/runtime/drain"
         check(drain, await admin_only.post(drain, json={"mode": "handoff"}))
         check(drain, await http.post(drain, json={"mode": "now"}))
-        # One runner that is not there: accepted, and this edge keeps serving.
-        check(drain, await http.post(drain, json={"runtimeId": "no-such-runner"}))
+        # A runner that is not there is an error, and this edge keeps serving.
+        check(drain, await http.post(drain, json={"runtimeId": "no-such-runner"}))  # 404
+        # Every attached runner (here: none); the edge is not one of them.
+        check(drain, await http.post(drain, json={"mode": "handoff", "deadlineMs": 1000}))
+        undo = "/v1/runtime/drain/undo"
+        check(undo, await http.post(undo, json={}))
+        check(undo, await http.post(undo, json={"runtimeId": "no-such-runner"}))  # 404
+        local = "/internal/v1/drain"
+        check(local, await anonymous.post(local, json={"undo": True}))  # 401: no token
+        token = {TOKEN_HEADER: stack.cluster.settings.internal_token}
+        check(local, await anonymous.post(local, json={"undo": True}, headers=token))
         assert not stack.gateway.draining.is_set()
 
         # -- loadout, tenants and keys

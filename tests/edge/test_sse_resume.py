@@ -249,11 +249,14 @@ async def test_drain_tells_sse_clients_to_reconnect_and_inputs_still_commit(
         seen: list[SseEvent] = []
         async with SseReader(stack.http, session) as sse:
             await sse.until(lambda e: e.id == str(head), into=seen)
+            # This edge drains when named (a drain names no edge otherwise).
             drain = await stack.http.post(
-                "/v1/runtime/drain", json={"mode": "handoff", "deadlineMs": 2000}
+                "/v1/runtime/drain",
+                json={"mode": "handoff", "deadlineMs": 2000, "runtimeId": stack.gateway.edge_id},
             )
             assert drain.status_code == 202, drain.text
             assert drain.json()["mode"] == "handoff"
+            assert drain.json()["edge"] == stack.gateway.edge_id
             event = await sse.until(lambda e: e.event == "drain", into=seen)
             assert parse(event) == {"retry_after_ms": 250}
             assert event.id is None
