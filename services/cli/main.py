@@ -122,14 +122,32 @@ def runner(
     ledger: Annotated[str, typer.Option("--ledger")] = "127.0.0.1:7101",
     kernel: Annotated[str, typer.Option("--kernel")] = "127.0.0.1:7102",
     address: Address = "127.0.0.1:0",
+    advertise_address: Annotated[
+        str,
+        typer.Option(
+            "--advertise-address",
+            envvar="KEEL_ADVERTISE_ADDRESS",
+            help="host[:port] others dial to reach this runner, when not --address "
+            "(required with a wildcard --address such as 0.0.0.0:7105)",
+        ),
+    ] = "",
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Run a runner (claim loop, model providers, tools) with its compaction service."""
+    """Run a runner (claim loop, model providers, tools) with its compaction service.
+
+    It exits 0 once drained (`keel drain`): a runner is replaced, never revived."""
+    from dataclasses import replace
+
     from services.runner.config import RunnerConfig
-    from services.runner.server import run_runner
+    from services.runner.server import check_addresses, run_runner
 
     settings = _service_settings("runner", database_url)
-    config = RunnerConfig.from_env(ledger, kernel)
+    try:
+        config = RunnerConfig.from_env(ledger, kernel)
+        config = replace(config, advertise_address=advertise_address)
+        check_addresses(address, advertise_address)
+    except ValueError as error:
+        fail(f"keel runner: {error}", USAGE_EXIT)
     _serve("runner", settings, run_runner(settings, config, address))
 
 
@@ -168,9 +186,14 @@ def edge(
     """Run the edge gateway (HTTP API, SSE, blobs, the web page, the gRPC API)."""
     from edge.gateway import EdgeConfig
     from edge.server import run_edge
+    from services.runner.config import drain_deadline_ms
 
     settings = _service_settings("edge", database_url)
-    config = EdgeConfig(ledger, kernel, compaction, grpc_port=grpc_port)
+    try:
+        deadline = drain_deadline_ms()
+    except ValueError as error:
+        fail(f"keel edge: {error}", USAGE_EXIT)
+    config = EdgeConfig(ledger, kernel, compaction, grpc_port=grpc_port, drain_deadline_ms=deadline)
     _serve("edge", settings, run_edge(settings, config, host, http_port))
 
 
@@ -271,19 +294,96 @@ def chat(
 @app.command()
 def drain(
     mode: Annotated[str, typer.Option("--mode", help="handoff or shutdown")] = "handoff",
-    deadline_ms: Annotated[int, typer.Option("--deadline-ms")] = 30_000,
-    runtime_id: Annotated[str | None, typer.Option("--runtime-id")] = None,
+    deadline_ms: Annotated[
+        int,
+        typer.Option(
+            "--deadline-ms",
+            min=0,
+            envvar="KEEL_DRAIN_DEADLINE_MS",
+            help="how long a handoff waits for commit boundaries",
+        ),
+    ] = 30_000,
+    runtime_id: Annotated[
+        str | None, typer.Option("--runtime-id", help="one runtime (default: every runner)")
+    ] = None,
+    undo: Annotated[
+        bool, typer.Option("--undo", help="undo drains that have not finished")
+    ] = False,
+    local: Annotated[
+        bool,
+        typer.Option(
+            "--local",
+            help="the runtimes recorded under --data-dir (this pod or host), drained "
+            "directly with the internal token: no edge, no key",
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="the edge's answer as JSON")] = False,
     url: BaseUrl = None,
     data_dir: ClientDataDir = None,
     key: Key = None,
 ) -> None:
-    """Drain a runtime through the edge (operator key)."""
-    body: dict[str, Any] = {"mode": mode, "deadlineMs": deadline_ms}
+    """Drain runners (or, --local, this host's runtimes); exit 1 if any could not be.
+
+    Through the edge (operator key): --runtime-id drains one runtime, else every
+    attached runner; a drained runner exits and is replaced. --undo undoes a drain
+    that has not finished."""
+    if mode not in ("handoff", "shutdown"):
+        fail("keel drain: --mode must be handoff or shutdown", USAGE_EXIT)
+    if local:
+        _drain_local(mode, deadline_ms, runtime_id, undo, data_dir)
+        return
+    edge = Edge(url, data_dir, key)
+    body: dict[str, Any] = {} if undo else {"mode": mode, "deadlineMs": deadline_ms}
     if runtime_id:
         body["runtimeId"] = runtime_id
-    edge = Edge(url, data_dir, key)
-    response = edge.call("POST", "/v1/runtime/drain", json=body, timeout=deadline_ms / 1000 + 10)
-    print(response.text)
+    path = "/v1/runtime/drain/undo" if undo else "/v1/runtime/drain"
+    result = edge.json("POST", path, json=body, timeout=deadline_ms / 1000 + 30)
+    if as_json:
+        print(json.dumps(result))
+    elif undo:
+        print(f"undone: {', '.join(result['undone']) or 'nothing was draining'}")
+        if result["finished"]:
+            print(f"too late (drain finished, being replaced): {', '.join(result['finished'])}")
+    else:
+        for drained, in_flight in sorted(result["runtimes"].items()):
+            if drained in result.get("undone", ()):
+                print(f"{drained}: drain undone before it finished; it claims again")
+                continue
+            stopped = result["stopped"].get(drained, 0)
+            print(
+                f"{drained}: drained ({mode}), {in_flight} run(s) in flight, "
+                f"{stopped} stopped where they were"
+            )
+        if result.get("edge"):
+            print(f"{result['edge']}: drained, {result.get('openStreams', 0)} stream(s) open")
+        if not result["runtimes"] and not result.get("edge") and not result["failed"]:
+            print("no runner is attached: nothing to drain")
+    for failed, why in sorted(result["failed"].items()):
+        print(f"keel drain: {failed}: {why}", file=sys.stderr)
+    if result["failed"]:
+        raise typer.Exit(1)
+
+
+def _drain_local(
+    mode: str, deadline_ms: int, runtime_id: str | None, undo: bool, data_dir: Path | None
+) -> None:
+    from services.cli.discovery import default_data_dir
+    from services.cli.local_drain import LocalDrain, drain_local, local_settings
+    from services.common.internal_auth import InternalAuthError
+
+    folder = data_dir if data_dir is not None else default_data_dir()
+    try:
+        settings = local_settings(_settings().with_overrides(data_dir=folder))
+    except (InternalAuthError, OSError) as error:
+        fail(f"keel drain --local: {error}")
+    request = LocalDrain(mode, deadline_ms, folder, undo, runtime_id)
+    lines, failures = asyncio.run(drain_local(request, settings))
+    for line in lines:
+        print(line, flush=True)
+    for failure in failures:
+        print(f"keel drain --local: {failure}", file=sys.stderr, flush=True)
+    if failures:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -292,10 +392,11 @@ def status(url: BaseUrl = None, data_dir: ClientDataDir = None, key: Key = None)
     from rich.console import Console
     from rich.table import Table
 
-    runtimes = Edge(url, data_dir, key).json("GET", "/v1/runtime/status")["runtimes"]
+    report = Edge(url, data_dir, key).json("GET", "/v1/runtime/status")
+    runtimes = report["runtimes"]
     # Only operators are told where runtimes run and whose sessions they hold.
     operator = any("pid" in runtime for runtime in runtimes)
-    columns = ["runtime", "role", "drain", "claiming", "in flight", "sessions"]
+    columns = ["runtime", "role", "liveness", "drain", "claiming", "in flight", "sessions"]
     table = Table(*(["runtime", "role", "host", "pid", *columns[2:]] if operator else columns))
     for runtime in runtimes:
         sessions = ", ".join(
@@ -306,12 +407,16 @@ def status(url: BaseUrl = None, data_dir: ClientDataDir = None, key: Key = None)
             runtime["runtimeId"],
             runtime["role"],
             *where,
+            runtime.get("liveness", ""),
             runtime["drainMode"],
             str(runtime["claiming"]),
             str(runtime["inFlightRuns"]),
             sessions,
         )
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if report.get("claimingRunners") == 0:
+        console.print("no runner claims: inputs are accepted and wait until one does")
 
 
 def _print_json(result: dict[str, Any], as_json: bool) -> None:
@@ -322,6 +427,39 @@ def _print_json(result: dict[str, Any], as_json: bool) -> None:
 
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="one line of JSON")]
+
+
+@app.command()
+def chaos(
+    url: BaseUrl = None,
+    data_dir: ClientDataDir = None,
+    key: Key = None,
+    scenarios: Annotated[str, typer.Option(help="crash, handoff, or both")] = "crash,handoff",
+    rounds: Annotated[int, typer.Option(min=1, help="rounds of each scenario")] = 2,
+    sessions: Annotated[int, typer.Option(min=1, help="sessions driven at once")] = 6,
+    seed: Annotated[int | None, typer.Option(help="fixes chaos's own choices")] = None,
+    timeout_s: Annotated[float, typer.Option(min=1, help="wait for answers, per round")] = 120,
+    as_json: JsonFlag = False,
+) -> None:
+    """Crash and hand off runners while sessions run; exit 1 on any violation (operator key)."""
+    import random
+
+    from services.cli.chaos import ChaosOptions, parse_scenarios, run_command
+
+    try:
+        chosen = parse_scenarios(scenarios)
+    except ValueError as error:
+        fail(f"keel chaos: {error}", USAGE_EXIT)
+    options = ChaosOptions(
+        url=resolve_url(url, data_dir),
+        key=require_key(key),
+        scenarios=chosen,
+        rounds=rounds,
+        sessions=sessions,
+        seed=random.randrange(1_000_000) if seed is None else seed,
+        timeout_s=timeout_s,
+    )
+    raise typer.Exit(run_command(options, as_json))
 
 
 @bench_app.command("ledger")
@@ -368,6 +506,18 @@ def bench_e2e(
     if transport != "both" and transport not in TRANSPORTS:
         raise typer.BadParameter("http, grpc or both", param_hint="--transport")
     _print_json(measure(database_url, transport=transport), as_json)
+
+
+@bench_app.command("drain")
+def bench_drain(
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+    sessions: Annotated[int, typer.Option(min=1, help="sessions on the drained runner")] = 100,
+) -> None:
+    """Handoff drain of a runner holding N running sessions: reclaim time, duplicates."""
+    from bench.drain import measure
+
+    _print_json(measure(database_url, sessions), as_json)
 
 
 @bench_app.command("compaction")
