@@ -42,3 +42,27 @@ def assert_one_result_per_call(facts: list[CommittedFact]) -> None:
     results = Counter(f.data["toolCallId"] for f in facts if f.kind == "tool_result")
     assert {c: results[c] for c in calls} == dict.fromkeys(calls, 1)
     assert set(results) == set(calls)
+
+
+def assert_stream_continuous(seqs: list[int], after: int = 0) -> None:
+    """What a client was sent, across its reconnects: every seq after its
+    first cursor, once, in order."""
+    assert seqs == list(range(after + 1, after + 1 + len(seqs))), f"stream seqs {seqs}"
+
+
+def assert_handed_over(facts: list[CommittedFact], old_runtime: str, new_runtime: str) -> int:
+    """The new runtime took over with the epoch right after the old one's
+    last, and nothing of the old epoch follows; returns the old epoch."""
+    starts = [f for f in facts if f.kind == "epoch_started"]
+    old = [f.data["epoch"] for f in starts if f.data["runtimeId"] == old_runtime]
+    assert old, f"{old_runtime} never started an epoch"
+    old_epoch: int = max(old)
+    successor = next((f for f in starts if f.data["runtimeId"] == new_runtime), None)
+    assert successor is not None, f"{new_runtime} never started an epoch"
+    assert successor.data["epoch"] == old_epoch + 1, (
+        "the successor's epoch is not epoch+1: "
+        + ", ".join(f"{f.seq}: epoch {f.data['epoch']} by {f.data['runtimeId']}" for f in starts)
+    )
+    late = [f.seq for f in facts if f.seq > successor.seq and f.epoch == old_epoch]
+    assert not late, f"facts of the old epoch {old_epoch} after the successor's: {late}"
+    return old_epoch

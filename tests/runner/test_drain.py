@@ -29,11 +29,11 @@ async def test_handoff_settles_at_a_commit_boundary_and_a_successor_continues(
     await wait_for_kind(cluster, "handoff", "assistant")
 
     async with RunnerClient(address, cluster.settings) as runner:
-        in_flight = await runner.drain("handoff", deadline_ms=30_000)
-        status = await runner.status()
-    assert in_flight == 1
-    assert status.drain_mode == "handoff" and not status.claiming
-    assert status.in_flight_runs == 0
+        outcome = await runner.drain_outcome("handoff", deadline_ms=30_000)
+    assert outcome.in_flight_runs == 1 and outcome.finished
+    assert outcome.stopped_runs == 0, "settled at a boundary, not stopped at the deadline"
+    # Drained: the runner is replaced, never revived; it exits on its own.
+    assert await asyncio.to_thread(old.proc.wait, 30) == 0
 
     facts = await cluster.facts("handoff")
     old_epoch = max(f.data["epoch"] for f in facts if f.kind == "epoch_started")
@@ -49,10 +49,13 @@ async def test_handoff_settles_at_a_commit_boundary_and_a_successor_continues(
     assert_recovered(facts)
     starts = [f.data["epoch"] for f in facts if f.kind == "epoch_started"]
     assert starts[-1] == old_epoch + 1
+    starts_by = {f.data["epoch"]: f.data["runtimeId"] for f in facts if f.kind == "epoch_started"}
     finals = [f for f in facts if f.kind == "assistant" and f.data.get("inputSeqs")]
     assert [f.data["inputSeqs"] for f in finals] == [[seq]]
     handoffs = await cluster.kernel.list_handoffs()
-    assert any(h.session_id == "handoff" and h.epoch == old_epoch for h in handoffs)
+    [handoff] = [h for h in handoffs if h.session_id == "handoff"]
+    assert handoff.epoch == old_epoch and handoff.in_flight == 1
+    assert handoff.new_runtime_id == starts_by[old_epoch + 1]
 
 
 async def test_shutdown_drain_abandons_and_a_successor_continues(cluster: Cluster) -> None:
