@@ -29,6 +29,8 @@ from typing import Any
 
 import grpc
 
+from agent_io.loadout import Loadout
+from agent_io.providers import Provider, provider_from_loadout
 from compaction.errors import (
     BadLoadout,
     InvalidArgument,
@@ -74,8 +76,6 @@ from services.ledger.facts import (
     CommittedFact,
     check_id,
 )
-from services.runner.attempt import Loadout
-from services.runner.providers import Provider, provider_from_loadout
 
 log = logging.getLogger("keel.compaction")
 Context = grpc.aio.ServicerContext[Any, Any]

@@ -17,6 +17,13 @@ import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
+from agent_io.providers import (
+    Completed,
+    ContextOverflow,
+    ModelRequest,
+    Provider,
+    ProviderError,
+)
 from compaction.errors import SummaryFailed
 from compaction.policy import (
     CompactionSettings,
@@ -25,14 +32,7 @@ from compaction.policy import (
     assemble_summary,
     plan_summary,
 )
-from services.runner import faults
-from services.runner.providers import (
-    Completed,
-    ContextOverflow,
-    ModelRequest,
-    Provider,
-    ProviderError,
-)
+from services.common import faults
 
 log = logging.getLogger("keel.compaction.summarizer")
 

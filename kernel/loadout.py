@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 from kernel.errors import InvalidLoadout
 
 PROVIDERS = ("openai", "anthropic", "scripted")
-# The runner's built-in tools (services.runner.tools.builtin_tools).
+# The runner's built-in tools (agent_io.tools.builtin_tools).
 BUILTIN_TOOLS = ("clock", "sleep", "counter")
 MCP_TRANSPORTS = ("stdio", "http")
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")

@@ -10,7 +10,7 @@ another tenant's key (or Keel's own `KEEL_*` configuration) and point
 
 So the kernel applies the operator's policy when a tenant's loadout is
 written (PutLoadout, with the tenant's id), and the runner applies the same
-rules again when it reads the secret (services.runner.providers), so a grant
+rules again when it reads the secret (agent_io.providers), so a grant
 the operator withdraws later takes effect without rewriting any loadout.
 
 A model of kind openai or anthropic without `apiKeyEnv` reads the default
@@ -26,34 +26,13 @@ from typing import Any
 
 from kernel.errors import InvalidLoadout
 from kernel.loadout import member_path
-from services.common.secrets import SecretPolicy
-
-# The variable a model reads when its loadout names none.
-DEFAULT_KEY_ENV: Mapping[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
-# Where a model without `baseUrl` is called (the SDKs' own defaults).
-OFFICIAL_BASE_URL: Mapping[str, str] = {
-    "openai": "https://api.openai.com/v1",
-    "anthropic": "https://api.anthropic.com",
-}
-GRANTS_VARIABLE = "KEEL_SECRET_GRANTS"
-ORIGINS_VARIABLE = "KEEL_PROVIDER_ORIGINS"
-
-
-def not_granted(tenant_id: str, name: str) -> str:
-    """Why a tenant may not name the variable `name` (the message of both
-    the kernel's refusal and the runner's)."""
-    return (
-        f"the operator has not granted ${name} to tenant {tenant_id!r} "
-        f"(operators grant variables with {GRANTS_VARIABLE}, e.g. {tenant_id}={name})"
-    )
-
-
-def origin_refused(url: str, policy: SecretPolicy) -> str:
-    allowed = ", ".join(policy.provider_origins) or "none"
-    return (
-        f"{url} is not an allowed provider origin (operators allow origins with "
-        f"{ORIGINS_VARIABLE}; allowed now: {allowed})"
-    )
+from services.common.secrets import (
+    DEFAULT_KEY_ENV,
+    OFFICIAL_BASE_URL,
+    SecretPolicy,
+    not_granted,
+    origin_refused,
+)
 
 
 def _refuse(field: str, message: str) -> InvalidLoadout:

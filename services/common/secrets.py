@@ -134,3 +134,31 @@ class SecretPolicy:
             "KEEL_SECRET_GRANTS": grants,
             "KEEL_PROVIDER_ORIGINS": ",".join(self.provider_origins),
         }
+
+
+# The variable a model reads when its loadout names none.
+DEFAULT_KEY_ENV: Mapping[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+# Where a model without `baseUrl` is called (the SDKs' own defaults).
+OFFICIAL_BASE_URL: Mapping[str, str] = {
+    "openai": "https://api.openai.com/v1",
+    "anthropic": "https://api.anthropic.com",
+}
+GRANTS_VARIABLE = "KEEL_SECRET_GRANTS"
+ORIGINS_VARIABLE = "KEEL_PROVIDER_ORIGINS"
+
+
+def not_granted(tenant_id: str, name: str) -> str:
+    """Why a tenant may not name the variable `name` (the message of both
+    the kernel's refusal and the runner's)."""
+    return (
+        f"the operator has not granted ${name} to tenant {tenant_id!r} "
+        f"(operators grant variables with {GRANTS_VARIABLE}, e.g. {tenant_id}={name})"
+    )
+
+
+def origin_refused(url: str, policy: SecretPolicy) -> str:
+    allowed = ", ".join(policy.provider_origins) or "none"
+    return (
+        f"{url} is not an allowed provider origin (operators allow origins with "
+        f"{ORIGINS_VARIABLE}; allowed now: {allowed})"
+    )

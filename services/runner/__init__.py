@@ -9,7 +9,8 @@ Public surface::
     RunnerError …              the error tree (services.runner.errors)
 """
 
-from services.runner.attempt import Attempt, CompactionHook, Loadout
+from agent_io.loadout import Loadout
+from services.runner.attempt import Attempt, CompactionHook
 from services.runner.config import RunnerConfig
 from services.runner.errors import Draining, InvalidDrain, RunnerError, SessionNotOwned
 from services.runner.runtime import Runtime

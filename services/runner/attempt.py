@@ -22,16 +22,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from compaction.policy import ContextEntry, MessageEntry
-from kernel import KernelClient, Lease, LeaseLost
-from kernel import StaleEpoch as KernelStaleEpoch
-from services.blob_parts import BlobContent
-from services.ledger import LedgerClient, StaleEpoch
-from services.ledger.facts import INPUT, CommittedFact
-from services.runner import faults
-from services.runner import transcript as T
-from services.runner.hub import Partial, PartialHub, StatusChange
-from services.runner.providers import (
+from agent_io.loadout import Loadout
+from agent_io.providers import (
     Completed,
     ContextOverflow,
     ModelRequest,
@@ -42,7 +34,16 @@ from services.runner.providers import (
     ThinkingDelta,
     ToolCallDelta,
 )
-from services.runner.tools import ToolCall, ToolRegistry
+from agent_io.tools import ToolCall, ToolRegistry, idempotency_key
+from compaction.policy import ContextEntry, MessageEntry
+from kernel import KernelClient, Lease, LeaseLost
+from kernel import StaleEpoch as KernelStaleEpoch
+from services.blob_parts import BlobContent
+from services.common import faults
+from services.ledger import LedgerClient, StaleEpoch
+from services.ledger.facts import INPUT, CommittedFact
+from services.runner import transcript as T
+from services.runner.hub import Partial, PartialHub, StatusChange
 
 log = logging.getLogger("keel.runner.attempt")
 
@@ -53,44 +54,6 @@ class Fenced(Exception):
 
 class HandoffStop(Exception):
     """A handoff drain asked this attempt to stop at a commit boundary."""
-
-
-@dataclass(frozen=True)
-class Loadout:
-    """What an attempt needs from the tenant's loadout document."""
-
-    revision: int
-    system_prompt: str
-    tool_names: tuple[str, ...]
-    model: Mapping[str, Any]
-    compaction: Mapping[str, Any]
-    max_output_tokens: int
-
-    @classmethod
-    def from_document(cls, revision: int, document: Mapping[str, Any]) -> Loadout:
-        model = document.get("model") or {"provider": "scripted", "name": "scripted-1"}
-        tools = document.get("tools")
-        if not isinstance(tools, list | tuple):
-            tool_names: tuple[str, ...] = ("clock", "sleep", "counter")
-        else:
-            # `{source: builtin, names: [...]}` items, or plain built-in names
-            # (older documents). Other sources (mcp, grpc) are refused by the
-            # kernel's schema until the runner can call them.
-            names: list[str] = []
-            for item in tools:
-                if isinstance(item, str):
-                    names.append(item)
-                elif isinstance(item, Mapping) and item.get("source") == "builtin":
-                    names.extend(n for n in item.get("names") or () if isinstance(n, str))
-            tool_names = tuple(dict.fromkeys(names))
-        return cls(
-            revision=revision,
-            system_prompt=str(document.get("systemPrompt") or "You are a helpful assistant."),
-            tool_names=tool_names,
-            model=model,
-            compaction=document.get("compaction") or {},
-            max_output_tokens=int(model.get("maxOutputTokens") or 4096),
-        )
 
 
 class CompactionHook(Protocol):
@@ -361,7 +324,14 @@ class Attempt:
     async def run_tools(self, calls: Sequence[T.OpenCall]) -> None:
         """Executes every open call (at-least-once) and commits one result each."""
         for index, call in enumerate(calls):
-            tool_call = ToolCall(call.tool_call_id, call.name, call.arguments)
+            tool_call = ToolCall(
+                call.tool_call_id,
+                call.name,
+                call.arguments,
+                idempotency_key(self.lease.tenant_id, self.session_id, call.tool_call_id),
+                session_id=self.session_id,
+                tenant_id=self.lease.tenant_id,
+            )
             outcome = await self.tools.run(tool_call)
             # Executed, result not yet committed: a crash here is the
             # at-least-once case (the successor runs the tool again).

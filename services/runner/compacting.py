@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from agent_io.providers import ProviderError
 from compaction.client import CompactionClient, CompactResult
 from compaction.errors import StaleEpoch
 from compaction.policy import (
@@ -44,7 +45,6 @@ from services.common.config import Settings
 from services.common.errors import KeelError, ServiceUnavailable
 from services.ledger.facts import COMPACTION, COMPACTION_FAILED, CommittedFact
 from services.runner.attempt import Attempt, Fenced
-from services.runner.providers import ProviderError
 
 log = logging.getLogger("keel.runner.compaction")
 

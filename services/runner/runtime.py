@@ -22,20 +22,27 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agent_io.loadout import Loadout
+from agent_io.providers import (
+    ModelConfigError,
+    Provider,
+    ProviderError,
+    provider_from_loadout,
+)
+from agent_io.tools import CounterStore, Tool, ToolRegistry, builtin_tools
 from kernel import KernelClient, Lease
 from services.blob_parts import BlobContent
 from services.blobs import blob_store
+from services.common import faults
 from services.common.config import Settings
 from services.common.errors import KeelError
 from services.ledger import LedgerClient
-from services.runner import faults
 from services.runner.attempt import (
     Attempt,
     AttemptServices,
     CompactionHook,
     Fenced,
     HandoffStop,
-    Loadout,
     NoCompaction,
     renew_until_lost,
 )
@@ -51,13 +58,6 @@ from services.runner.drain import (
 )
 from services.runner.factcache import FactCache, SessionHistory
 from services.runner.hub import PartialHub
-from services.runner.providers import (
-    ModelConfigError,
-    Provider,
-    ProviderError,
-    provider_from_loadout,
-)
-from services.runner.tools import CounterStore, Tool, ToolRegistry, builtin_tools
 
 log = logging.getLogger("keel.runner")
 

@@ -16,8 +16,8 @@ import asyncio
 import logging
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from compaction.server import CompactionMount, compaction_service
 from services.common.config import Settings
 from services.common.runtime_records import (
     forget_runtime,
@@ -32,9 +32,6 @@ from services.runner.compacting import ServiceCompaction
 from services.runner.config import RunnerConfig
 from services.runner.runtime import Runtime
 from services.runner.servicer import runner_service
-
-if TYPE_CHECKING:
-    from compaction.server import CompactionMount
 
 log = logging.getLogger("keel.runner")
 
@@ -108,9 +105,6 @@ class RunnerServer:
         if self.compaction is None and not self.config.compaction_target:
             # No compaction service given: mount one here and call it over
             # loopback, through the same contract as a separate process.
-            # Imported here because compaction.service imports this package.
-            from compaction.server import compaction_service
-
             self._embedded = compaction_service(
                 self.settings,
                 self.config.ledger_target,

@@ -16,6 +16,14 @@ import grpc
 import pytest
 
 import compaction.service
+from agent_io.providers import (
+    Completed,
+    ModelRequest,
+    ProviderError,
+    StreamEvent,
+    Usage,
+)
+from agent_io.providers.scripted import long_text
 from compaction.client import CompactionClient
 from compaction.errors import (
     InvalidArgument,
@@ -42,14 +50,6 @@ from keel.compaction.v1 import compaction_pb2_grpc as pb_grpc
 from services.blobs import blob_store
 from services.common.config import Settings
 from services.ledger import CommittedFact, LedgerClient
-from services.runner.providers import (
-    Completed,
-    ModelRequest,
-    ProviderError,
-    StreamEvent,
-    Usage,
-)
-from services.runner.providers.scripted import long_text
 from tests.runner.cluster import Cluster, start_cluster, stop_cluster
 from tests.support.blobs import PNG, store_blob
 from tests.support.internal_auth import token_metadata

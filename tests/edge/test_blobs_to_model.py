@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
+from agent_io.providers.scripted import RECORD_ENV
 from compaction.client import CompactionClient
 from services.ledger import CommittedFact
-from services.runner.providers.scripted import RECORD_ENV
 from services.runner.server import RunnerServer
 from tests.edge.conftest import Stack
 from tests.edge.test_http_api import assert_error

@@ -13,15 +13,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agent_io.loadout import Loadout
+from agent_io.providers import provider_from_loadout
+from agent_io.tools import CounterStore, builtin_tools
 from compaction.policy.trigger import settings_from_dict
 from kernel import DEFAULT_LOADOUT, InvalidArgument, InvalidLoadout, validate_loadout
 from kernel.loadout import BUILTIN_TOOLS
 from kernel.loadout_secrets import check_loadout_secrets
 from kernel.tenancy import parse_document
 from services.common.secrets import SecretPolicy
-from services.runner.attempt import Loadout
-from services.runner.providers import provider_from_loadout
-from services.runner.tools import CounterStore, builtin_tools
 
 # What an operator allows the tenant these documents are written for: the
 # schema is the same for everyone, the policy is this tenant's.

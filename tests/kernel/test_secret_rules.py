@@ -14,12 +14,12 @@ from typing import Any
 import grpc
 import pytest
 
+from agent_io.providers import ModelConfigError, OpenAICompatible, provider_from_loadout
 from kernel import InvalidLoadout, KernelClient, KernelServer
 from kernel.errors import WeakApiKey
 from kernel.loadout_secrets import check_loadout_secrets
 from services.common.config import Settings
 from services.common.secrets import SecretPolicy
-from services.runner.providers import ModelConfigError, OpenAICompatible, provider_from_loadout
 from tests.kernel.conftest import FAST
 
 LOCAL = "http://127.0.0.1:9"

@@ -10,9 +10,7 @@ from typing import Any
 
 import pytest
 
-from compaction.policy import message_from_dict
-from services.common.secrets import SecretPolicy
-from services.runner.providers import (
+from agent_io.providers import (
     AnthropicMessages,
     Completed,
     ContextOverflow,
@@ -26,6 +24,8 @@ from services.runner.providers import (
     Usage,
     provider_from_loadout,
 )
+from compaction.policy import message_from_dict
+from services.common.secrets import SecretPolicy
 from tests.runner.wire_servers import WireServer, error_reply, event_frame, sse_reply
 from tests.support.blobs import PNG, attached
 

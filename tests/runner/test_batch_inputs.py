@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from agent_io.tools import CounterStore
 from services.ledger.client import FactToAppend
-from services.runner.tools import CounterStore
 from tests.runner.cluster import Cluster, eventually
 from tests.runner.invariants import assert_recovered
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.runner.tools import CounterStore
+from agent_io.tools import CounterStore
 from tests.runner.cluster import Cluster
 from tests.runner.invariants import assert_recovered
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from agent_io.tools import CounterStore
 from services.common.config import Settings
 from services.ledger import CommittedFact
-from services.runner.tools import CounterStore
 from tests.processes import ChildProcess
 from tests.runner.cluster import eventually
 from tests.runner.invariants import assert_handed_over, assert_recovered, assert_stream_continuous

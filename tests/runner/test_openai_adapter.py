@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from services.common.secrets import SecretPolicy
-from services.runner.providers import (
+from agent_io.providers import (
     Completed,
     ContextOverflow,
     ModelRequest,
@@ -26,6 +25,7 @@ from services.runner.providers import (
     Usage,
     provider_from_loadout,
 )
+from services.common.secrets import SecretPolicy
 from tests.runner.wire_servers import WireServer, data_frame, error_reply, sse_reply
 from tests.support.blobs import PNG, attached
 

@@ -10,18 +10,7 @@ from typing import Any
 
 import pytest
 
-from compaction.policy import (
-    SUMMARY_INTRO,
-    CompactionSettings,
-    estimate_text_tokens,
-    is_context_overflow,
-    message_from_dict,
-    plan_summary,
-    prepare,
-    to_entries,
-)
-from services.common.secrets import SecretPolicy
-from services.runner.providers import (
+from agent_io.providers import (
     Completed,
     ContextOverflow,
     ModelRequest,
@@ -33,7 +22,18 @@ from services.runner.providers import (
     ToolCallDelta,
     provider_from_loadout,
 )
-from services.runner.providers.scripted import split_tokens
+from agent_io.providers.scripted import split_tokens
+from compaction.policy import (
+    SUMMARY_INTRO,
+    CompactionSettings,
+    estimate_text_tokens,
+    is_context_overflow,
+    message_from_dict,
+    plan_summary,
+    prepare,
+    to_entries,
+)
+from services.common.secrets import SecretPolicy
 
 SYSTEM = "You are a test agent."
 HEADINGS = (

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
+from agent_io.tools import CounterStore
 from services.common.config import Settings
-from services.runner.tools import CounterStore
 from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
 from tests.runner.invariants import assert_recovered
 

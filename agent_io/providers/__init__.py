@@ -26,9 +26,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kernel.loadout_secrets import DEFAULT_KEY_ENV, OFFICIAL_BASE_URL, origin_refused
-from services.common.secrets import SecretNotGranted, SecretPolicy
-from services.runner.providers.base import (
+from agent_io.providers.base import (
     Completed,
     ContextOverflow,
     ModelRequest,
@@ -42,11 +40,18 @@ from services.runner.providers.base import (
     ToolSpec,
     Usage,
 )
-from services.runner.providers.scripted import DEFAULT_CONTEXT_WINDOW, ScriptedModel
+from agent_io.providers.scripted import DEFAULT_CONTEXT_WINDOW, ScriptedModel
+from services.common.secrets import (
+    DEFAULT_KEY_ENV,
+    OFFICIAL_BASE_URL,
+    SecretNotGranted,
+    SecretPolicy,
+    origin_refused,
+)
 
 if TYPE_CHECKING:
-    from services.runner.providers.anthropic_messages import AnthropicMessages
-    from services.runner.providers.openai_compat import OpenAICompatible
+    from agent_io.providers.anthropic_messages import AnthropicMessages
+    from agent_io.providers.openai_compat import OpenAICompatible
 
 __all__ = [
     "AnthropicMessages",
@@ -73,8 +78,8 @@ PROVIDER_KINDS = ("scripted", "openai", "anthropic")
 # the SDKs refuse to build a client without one.
 _NO_KEY = "unused"
 _LAZY = {
-    "AnthropicMessages": "services.runner.providers.anthropic_messages",
-    "OpenAICompatible": "services.runner.providers.openai_compat",
+    "AnthropicMessages": "agent_io.providers.anthropic_messages",
+    "OpenAICompatible": "agent_io.providers.openai_compat",
 }
 
 
@@ -141,7 +146,7 @@ def provider_from_loadout(
         # given one, or they would read the runner's default variable.
         api_key = _NO_KEY
     if kind == "openai":
-        from services.runner.providers.openai_compat import OpenAICompatible
+        from agent_io.providers.openai_compat import OpenAICompatible
 
         return OpenAICompatible(
             model=name,
@@ -153,7 +158,7 @@ def provider_from_loadout(
     thinking = model.get("thinking")
     if thinking is not None and not isinstance(thinking, Mapping):
         raise ModelConfigError(f"'thinking' must be an object, got {thinking!r}")
-    from services.runner.providers.anthropic_messages import AnthropicMessages
+    from agent_io.providers.anthropic_messages import AnthropicMessages
 
     return AnthropicMessages(
         model=name,

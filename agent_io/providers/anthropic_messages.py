@@ -17,9 +17,7 @@ from anthropic import AnthropicError, APIConnectionError, APIStatusError, AsyncA
 from anthropic.types import MessageParam, RawContentBlockDelta, RawMessageStreamEvent
 from anthropic.types.raw_content_block_start_event import ContentBlock
 
-from compaction.policy import is_context_overflow
-from kernel.loadout_secrets import OFFICIAL_BASE_URL
-from services.runner.providers.base import (
+from agent_io.providers.base import (
     Completed,
     ConfiguredModel,
     ContextOverflow,
@@ -31,6 +29,8 @@ from services.runner.providers.base import (
     ToolCallDelta,
     Usage,
 )
+from compaction.policy import is_context_overflow
+from services.common.secrets import OFFICIAL_BASE_URL
 
 _STOP_REASONS = {
     "end_turn": "stop",

@@ -1,16 +1,13 @@
-"""Tools an agent can call: a registry per loadout and the built-ins.
+"""The built-in tools: `clock`, `sleep` and `counter`.
 
-Tools are at-least-once: a call committed without a result is executed again
-by the successor of a crashed attempt. Each call therefore gets an
-idempotency key, stable across attempts (derived from the tool call id), and
-an effectful tool must use it. `counter` shows how: its effect happens once
-per key, while it records how many times it really ran.
+`counter` is the model of an effectful tool under at-least-once execution:
+its effect happens once per idempotency key, while it records how many times
+it really ran, so tests can tell a repeated execution from a repeated effect.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import sqlite3
 import threading
@@ -20,35 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.runner.providers.base import ToolSpec
+from agent_io.tools.base import ToolCall, ToolOutcome, ToolSpec
 
-DEFAULT_TOOL_TIMEOUT_S = 30.0
 MAX_SLEEP_S = 600.0
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    tool_call_id: str
-    name: str
-    arguments: Mapping[str, Any]
-
-    @property
-    def idempotency_key(self) -> str:
-        # Stable across attempts and processes: a function of the call id only.
-        return "idem-" + hashlib.sha256(self.tool_call_id.encode()).hexdigest()[:32]
-
-
-@dataclass(frozen=True)
-class ToolOutcome:
-    content: str
-    is_error: bool = False
-
 
 ToolFunction = Callable[[ToolCall], Awaitable[ToolOutcome]]
 
 
 @dataclass(frozen=True)
 class Tool:
+    """A tool that runs inside the runner: its spec and its function."""
+
     spec: ToolSpec
     run: ToolFunction
 
@@ -164,35 +143,3 @@ def builtin_tools(counter_store: CounterStore) -> dict[str, Tool]:
             counter,
         ),
     }
-
-
-class ToolRegistry:
-    """The tools one loadout enables, with a hard timeout on every call."""
-
-    def __init__(self, tools: Mapping[str, Tool], timeout_s: float = DEFAULT_TOOL_TIMEOUT_S):
-        self._tools = dict(tools)
-        self._timeout_s = timeout_s
-
-    @classmethod
-    def for_loadout(
-        cls, names: Sequence[str], available: Mapping[str, Tool], timeout_s: float
-    ) -> ToolRegistry:
-        return cls({n: available[n] for n in names if n in available}, timeout_s)
-
-    @property
-    def specs(self) -> tuple[ToolSpec, ...]:
-        return tuple(tool.spec for tool in self._tools.values())
-
-    async def run(self, call: ToolCall) -> ToolOutcome:
-        """Runs one call; every failure becomes an error result, never a crash."""
-        tool = self._tools.get(call.name)
-        if tool is None:
-            return ToolOutcome(f"unknown tool {call.name!r}", is_error=True)
-        try:
-            return await asyncio.wait_for(tool.run(call), self._timeout_s)
-        except TimeoutError:
-            return ToolOutcome(f"{call.name} timed out after {self._timeout_s:g} s", is_error=True)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a tool's bug is the agent's information, not our crash
-            return ToolOutcome(f"{call.name} failed: {exc}", is_error=True)

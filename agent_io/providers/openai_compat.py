@@ -21,9 +21,7 @@ from openai import (
 )
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
-from compaction.policy import is_context_overflow
-from kernel.loadout_secrets import OFFICIAL_BASE_URL
-from services.runner.providers.base import (
+from agent_io.providers.base import (
     Completed,
     ConfiguredModel,
     ContextOverflow,
@@ -35,6 +33,8 @@ from services.runner.providers.base import (
     ToolCallDelta,
     Usage,
 )
+from compaction.policy import is_context_overflow
+from services.common.secrets import OFFICIAL_BASE_URL
 
 _STOP_REASONS = {
     "stop": "stop",

@@ -31,9 +31,7 @@ import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from compaction.policy import estimate_text_tokens, message_from_dict
-from compaction.policy.tokens import utf16_length
-from services.runner.providers.base import (
+from agent_io.providers.base import (
     Completed,
     ContextOverflow,
     ModelRequest,
@@ -44,7 +42,7 @@ from services.runner.providers.base import (
     ToolCallDelta,
     Usage,
 )
-from services.runner.providers.scripted_batch import (
+from agent_io.providers.scripted_batch import (
     Reply,
     batch_reply,
     long_text,
@@ -52,7 +50,9 @@ from services.runner.providers.scripted_batch import (
     parse_tool_calls,
     tool_call_id,
 )
-from services.runner.providers.scripted_summary import cut, scripted_summary
+from agent_io.providers.scripted_summary import cut, scripted_summary
+from compaction.policy import estimate_text_tokens, message_from_dict
+from compaction.policy.tokens import utf16_length
 
 __all__ = [
     "DEFAULT_CONTEXT_WINDOW",

@@ -29,8 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_io.providers.base import ProviderError
 from compaction.policy.context import SUMMARY_INTRO
-from services.runner.providers.base import ProviderError
 
 _COMMAND_PATTERN = re.compile(r"(/[a-z]+)(?:\s+(.*))?", re.DOTALL)
 _TOOL_NAME_PATTERN = re.compile(r"\s*([^\s|{\[]+)\s*")

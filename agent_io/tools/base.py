@@ -1,0 +1,94 @@
+"""What every tool source speaks: specs, calls, outcomes, and the source protocol.
+
+A tool call is at-least-once: a call committed without a result is executed
+again by the successor of a crashed attempt. Each call therefore carries an
+idempotency key, stable across attempts and unique per tenant, session and
+call, and an effectful tool must use it (MCP servers get it in the request
+`_meta` as `keel/idempotencyKey`, gRPC ToolServices in `idempotency_key`).
+
+Every failure of a tool (timeout, a server gone, a malformed or oversized
+result) is an outcome with `is_error` that the model sees, never an
+exception out of this package; only cancellation propagates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from agent_io.providers.base import ToolSpec
+
+__all__ = [
+    "DEFAULT_MAX_RESULT_BYTES",
+    "DEFAULT_TOOL_TIMEOUT_S",
+    "ToolCall",
+    "ToolOutcome",
+    "ToolSource",
+    "ToolSpec",
+    "idempotency_key",
+    "limit_result",
+]
+
+DEFAULT_TOOL_TIMEOUT_S = 60.0
+# A result larger than this (UTF-8 bytes of its text) is cut, with a note
+# saying so: a tool must not be able to fill the context window by itself.
+DEFAULT_MAX_RESULT_BYTES = 64 * 1024
+
+
+def idempotency_key(tenant_id: str, session_id: str, tool_call_id: str) -> str:
+    """The key of one call: the same on every attempt of that call, and
+    different for the same call id in another session or tenant (the offline
+    model, and some real ones, reuse call ids across sessions)."""
+    scope = "\x1f".join((tenant_id, session_id, tool_call_id))
+    return "idem-" + hashlib.sha256(scope.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    tool_call_id: str
+    # The tool's name as the tool source knows it (no source prefix) once it
+    # reaches a source; the registry receives the model's (prefixed) name.
+    name: str
+    arguments: Mapping[str, Any]
+    idempotency_key: str
+    session_id: str = ""
+    tenant_id: str = ""
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    content: str
+    is_error: bool = False
+    # A tool's structured result (MCP `structuredContent`), kept as sent.
+    structured: Mapping[str, Any] | None = None
+    # Blob ids of images or resources the tool returned, stored as blobs.
+    blobs: tuple[str, ...] = ()
+
+
+class ToolSource(Protocol):
+    """One source of tools: the built-ins, an MCP server or a gRPC ToolService."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def list_tools(self) -> Sequence[ToolSpec]:
+        """The source's tools, named without the source's prefix."""
+        ...
+
+    async def call(self, call: ToolCall, timeout_s: float) -> ToolOutcome:
+        """Runs one call; a failure is an error outcome, never an exception."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def limit_result(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
+    """The outcome with its text cut to `max_bytes` UTF-8 bytes, and a note."""
+    raw = outcome.content.encode()
+    if len(raw) <= max_bytes:
+        return outcome
+    kept = raw[:max_bytes].decode(errors="ignore")
+    note = f"\n[result truncated: {len(raw)} bytes, the limit is {max_bytes}]"
+    return replace(outcome, content=kept + note)
