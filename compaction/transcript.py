@@ -72,6 +72,16 @@ def context_head(facts: Sequence[CommittedFact], watermark: int) -> int:
     return head
 
 
+def _call_arguments(call: Mapping[str, Any]) -> Any:
+    """A call's arguments as the model is shown them: the exact text it sent
+    when that was not a JSON object (`argumentsText`), else the object.
+    Showing `{}` instead would tell the model it made a different call."""
+    text = call.get("argumentsText")
+    if isinstance(text, str):
+        return text
+    return call.get("arguments") or {}
+
+
 def _assistant_message(data: Mapping[str, Any]) -> dict[str, Any]:
     content: list[Any] = list(data.get("content") or [])
     for call in data.get("toolCalls") or ():
@@ -80,7 +90,7 @@ def _assistant_message(data: Mapping[str, Any]) -> dict[str, Any]:
                 "type": "toolCall",
                 "id": call["id"],
                 "name": call["name"],
-                "arguments": call.get("arguments") or {},
+                "arguments": _call_arguments(call),
             }
         )
     message: dict[str, Any] = {"role": "assistant", "content": content}

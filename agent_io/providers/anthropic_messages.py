@@ -3,6 +3,11 @@
 Thinking blocks keep their signature (block field `signature`; a redacted
 block is a thinking block with `redactedData`) so they can be sent back
 verbatim on the next turn, as the API requires.
+
+Tool names travel as wire names (tool_names.py) and come back as Keel's. A
+tool call's arguments that are not a JSON object are kept as the model sent
+them (`argumentsText`); `tool_use.input` must be an object, so such a call
+is shown back with `{}` (its tool result says what was wrong).
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from agent_io.providers.base import (
     ThinkingDelta,
     ToolCallDelta,
     Usage,
+    tool_call,
 )
+from agent_io.providers.tool_names import ToolNames
 from compaction.policy import is_context_overflow
 from services.common.secrets import OFFICIAL_BASE_URL
 
@@ -54,14 +61,20 @@ def tool_use_id(call_id: str) -> str:
     return _TOOL_ID_INVALID.sub("_", call_id)[:64] or "call"
 
 
-def to_anthropic_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Transcript messages as alternating user/assistant turns of blocks."""
+def to_anthropic_messages(
+    messages: Sequence[Mapping[str, Any]], names: ToolNames | None = None
+) -> list[dict[str, Any]]:
+    """Transcript messages as alternating user/assistant turns of blocks
+    (tool names as `names` sends them; by default, as the messages' own
+    names map)."""
+    if names is None:
+        names = ToolNames.for_messages(messages)
     converted: list[dict[str, Any]] = []
     for message in messages:
         role = message.get("role")
         content = message.get("content")
         if role == "assistant":
-            wire_role, blocks = "assistant", _assistant_blocks(content)
+            wire_role, blocks = "assistant", _assistant_blocks(content, names)
         elif role == "toolResult":
             wire_role, blocks = "user", [_tool_result_block(message)]
         else:
@@ -111,7 +124,7 @@ def _tool_result_block(message: Mapping[str, Any]) -> dict[str, Any]:
     return block
 
 
-def _assistant_blocks(content: Any) -> list[dict[str, Any]]:
+def _assistant_blocks(content: Any, names: ToolNames) -> list[dict[str, Any]]:
     if isinstance(content, str):
         content = [{"type": "text", "text": content}]
     blocks: list[dict[str, Any]] = []
@@ -127,12 +140,14 @@ def _assistant_blocks(content: Any) -> list[dict[str, Any]]:
                 {"type": "thinking", "thinking": thinking, "signature": block["signature"]}
             )
         elif kind == "toolCall":
+            # Arguments that were not an object (a string: the model's own
+            # malformed text) cannot be an `input`; the result explains.
             arguments = block.get("arguments")
             blocks.append(
                 {
                     "type": "tool_use",
                     "id": tool_use_id(block.get("id", "")),
-                    "name": block.get("name", ""),
+                    "name": names.wire(block.get("name", "")),
                     "input": arguments if isinstance(arguments, Mapping) else {},
                 }
             )
@@ -153,9 +168,10 @@ class _Block:
 
 @dataclass
 class _Answer:
-    """What the events have said so far."""
+    """What the events have said so far (tool names already Keel's)."""
 
     model: str
+    names: ToolNames
     blocks: dict[int, _Block] = field(default_factory=dict)
     usage: Usage = field(default_factory=Usage)
     stop_reason: str | None = None
@@ -191,10 +207,11 @@ class _Answer:
     def _start(self, index: int, block: ContentBlock) -> list[StreamEvent]:
         if block.type == "tool_use":
             ordinal = sum(1 for known in self.blocks.values() if known.kind == "tool_use")
+            name = self.names.keel(block.name)
             self.blocks[index] = _Block(
-                "tool_use", id=block.id, name=block.name, ordinal=ordinal, start_input=block.input
+                "tool_use", id=block.id, name=name, ordinal=ordinal, start_input=block.input
             )
-            return [ToolCallDelta(ordinal, block.id, block.name, "")]
+            return [ToolCallDelta(ordinal, block.id, name, "")]
         if block.type == "text":
             self.blocks[index] = _Block("text", [block.text])
             return [TextDelta(block.text)] if block.text else []
@@ -228,7 +245,6 @@ class _Answer:
             raise ProviderError("the stream ended before the model finished", retryable=True)
         content: list[Mapping[str, Any]] = []
         calls: list[Mapping[str, Any]] = []
-        invalid: dict[str, str] = {}
         for index in sorted(self.blocks):
             block = self.blocks[index]
             joined = "".join(block.parts)
@@ -242,18 +258,20 @@ class _Answer:
             elif block.kind == "redacted_thinking":
                 content.append({"type": "thinking", "thinking": "", "redactedData": joined})
             elif block.kind == "tool_use":
-                try:
-                    arguments = json.loads(joined) if joined.strip() else block.start_input
-                except json.JSONDecodeError:
-                    arguments, invalid[block.id] = None, joined
-                if not isinstance(arguments, dict):
-                    arguments = {}
-                calls.append({"id": block.id, "name": block.name, "arguments": arguments})
+                calls.append(_tool_use_call(block, joined))
         stop = _STOP_REASONS.get(self.stop_reason, self.stop_reason)
         extra: dict[str, Any] = {"messageId": self.message_id} if self.message_id else {}
-        if invalid:
-            extra["invalidToolArguments"] = invalid
         return Completed(tuple(content), tuple(calls), self.usage, stop, self.model, extra)
+
+
+def _tool_use_call(block: _Block, streamed: str) -> dict[str, Any]:
+    """A tool_use block as a call: its streamed input JSON, or, when none
+    streamed, the input its start event carried (normally {})."""
+    if streamed.strip() or block.start_input is None:
+        return tool_call(block.id, block.name, streamed)
+    if isinstance(block.start_input, dict):
+        return {"id": block.id, "name": block.name, "arguments": block.start_input}
+    return tool_call(block.id, block.name, json.dumps(block.start_input, ensure_ascii=False))
 
 
 def _or(value: int | None, default: int) -> int:
@@ -314,20 +332,25 @@ class AnthropicMessages(ConfiguredModel):
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         budget = self.output_budget(request)
+        names = ToolNames.for_request(request)
         system = (
             [{"type": "text", "text": request.system, "cache_control": _EPHEMERAL}]
             if request.system
             else omit
         )
         tools = [
-            {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
+            {
+                "name": names.wire(tool.name),
+                "description": tool.description,
+                "input_schema": tool.parameters,
+            }
             for tool in request.tools
         ]
         try:
             events = await self._client.messages.create(
                 model=self._model,
                 max_tokens=budget,
-                messages=cast("list[MessageParam]", to_anthropic_messages(request.messages)),
+                messages=cast("list[MessageParam]", to_anthropic_messages(request.messages, names)),
                 system=cast(Any, system),
                 tools=cast(Any, tools) if tools else omit,
                 thinking=cast(Any, self._thinking) if self._thinking is not None else omit,
@@ -335,7 +358,7 @@ class AnthropicMessages(ConfiguredModel):
             )
         except AnthropicError as exc:
             raise provider_error(exc) from exc
-        answer = _Answer(self._model)
+        answer = _Answer(self._model, names)
         try:
             while True:
                 # Only the SDK's own calls are guarded, so a bug in this module

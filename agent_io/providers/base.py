@@ -9,7 +9,9 @@ the transcript's own shape (the same dicts the compaction policy reads):
      "isError": bool}
 
 Blocks: {"type": "text", "text"}, {"type": "thinking", "thinking"},
-{"type": "toolCall", "id", "name", "arguments": {...}}, {"type": "image", "data", "mimeType"}.
+{"type": "toolCall", "id", "name", "arguments": {...} | str}, {"type": "image", "data", "mimeType"}.
+A toolCall's `arguments` is a string when the model's arguments were not a
+JSON object: the exact text it sent, shown back to it as it was.
 
 A provider streams `TextDelta` / `ThinkingDelta` / `ToolCallDelta` events
 (token-level partials, never facts) and ends with exactly one `Completed`,
@@ -18,6 +20,7 @@ or raises a `ProviderError`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias
@@ -99,16 +102,45 @@ class Completed:
 
     # Text and thinking blocks, in order (tool calls are in tool_calls).
     content: tuple[Mapping[str, Any], ...]
-    # Each {"id", "name", "arguments": {...}}.
+    # Each {"id", "name", "arguments": {...}}; when the text the model sent
+    # as arguments is not a JSON object (malformed, or cut off by the output
+    # limit), "arguments" is {} and "argumentsText" is that text, exactly:
+    # such a call must not run (see `tool_call`).
     tool_calls: tuple[Mapping[str, Any], ...]
     usage: Usage
-    # "stop", "toolUse", "length", ...
+    # "stop", "toolUse", "length" (cut by the output limit), ...
     stop_reason: str
     model: str
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 StreamEvent: TypeAlias = TextDelta | ThinkingDelta | ToolCallDelta | Completed
+
+
+def _not_json(constant: str) -> Any:
+    # Python's parser accepts NaN and Infinity; JSON (and a ledger fact) does not.
+    raise ValueError(f"{constant} is not JSON")
+
+
+def tool_call(call_id: str, name: str, arguments_text: str) -> dict[str, Any]:
+    """A `Completed.tool_calls` item from the arguments text the model sent.
+
+    No text at all means no arguments ({}). Text that is not a JSON object is
+    kept as `argumentsText` beside an empty `arguments`: running the tool
+    with its defaults would run a call the model did not make.
+    """
+    call: dict[str, Any] = {"id": call_id, "name": name, "arguments": {}}
+    if not arguments_text.strip():
+        return call
+    try:
+        arguments = json.loads(arguments_text, parse_constant=_not_json)
+    except ValueError:  # JSONDecodeError included
+        arguments = None
+    if isinstance(arguments, dict):
+        call["arguments"] = arguments
+    else:
+        call["argumentsText"] = arguments_text
+    return call
 
 
 class ProviderError(Exception):

@@ -2,6 +2,10 @@
 
 Works with OpenAI itself and with servers that speak the same protocol
 (vLLM, llama.cpp, Ollama, gateways) through `base_url`.
+
+Tool names travel as wire names (tool_names.py) and come back as Keel's; a
+tool call's arguments that are not a JSON object are kept as the model sent
+them (`argumentsText`) and sent back verbatim in later requests.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from agent_io.providers.base import (
     ThinkingDelta,
     ToolCallDelta,
     Usage,
+    tool_call,
 )
+from agent_io.providers.tool_names import ToolNames
 from compaction.policy import is_context_overflow
 from services.common.secrets import OFFICIAL_BASE_URL
 
@@ -49,8 +55,13 @@ _RETRYABLE_STATUSES = frozenset({408, 409, 429})
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
-def to_chat_messages(system: str, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Transcript messages in the chat-completions shape."""
+def to_chat_messages(
+    system: str, messages: Sequence[Mapping[str, Any]], names: ToolNames | None = None
+) -> list[dict[str, Any]]:
+    """Transcript messages in the chat-completions shape (tool names as
+    `names` sends them; by default, as the messages' own names map)."""
+    if names is None:
+        names = ToolNames.for_messages(messages)
     converted: list[dict[str, Any]] = []
     if system:
         converted.append({"role": "system", "content": system})
@@ -65,7 +76,7 @@ def to_chat_messages(system: str, messages: Sequence[Mapping[str, Any]]) -> list
         if role == "user":
             converted.append({"role": "user", "content": _user_content(message.get("content"))})
         elif role == "assistant":
-            assistant = _assistant_message(message.get("content"))
+            assistant = _assistant_message(message.get("content"), names)
             if assistant is not None:
                 converted.append(assistant)
         elif role == "toolResult":
@@ -121,7 +132,7 @@ def _user_content(content: Any) -> str | list[dict[str, Any]]:
     return parts
 
 
-def _assistant_message(content: Any) -> dict[str, Any] | None:
+def _assistant_message(content: Any, names: ToolNames) -> dict[str, Any] | None:
     if isinstance(content, str):
         return {"role": "assistant", "content": content} if content else None
     texts: list[str] = []
@@ -130,8 +141,12 @@ def _assistant_message(content: Any) -> dict[str, Any] | None:
         if block.get("type") == "text":
             texts.append(block.get("text", ""))
         elif block.get("type") == "toolCall":
-            arguments = json.dumps(block.get("arguments", {}), ensure_ascii=False)
-            function = {"name": block.get("name", ""), "arguments": arguments}
+            arguments = block.get("arguments", {})
+            # A string is what the model sent when it was not an object:
+            # shown back exactly, not as the JSON encoding of a string.
+            if not isinstance(arguments, str):
+                arguments = json.dumps(arguments, ensure_ascii=False)
+            function = {"name": names.wire(block.get("name", "")), "arguments": arguments}
             calls.append({"id": block.get("id", ""), "type": "function", "function": function})
         # Thinking is dropped: chat completions has no field to send it back in.
     text = "".join(texts)
@@ -152,9 +167,10 @@ class _ToolCall:
 
 @dataclass
 class _Answer:
-    """What the chunks have said so far."""
+    """What the chunks have said so far (tool names already Keel's)."""
 
     model: str
+    names: ToolNames
     text: list[str] = field(default_factory=list)
     thinking: list[str] = field(default_factory=list)
     calls: dict[int, _ToolCall] = field(default_factory=dict)
@@ -190,7 +206,8 @@ class _Answer:
                 call.id = call.id or part.id or ""
                 fragment = ""
                 if part.function is not None:
-                    call.name = call.name or part.function.name or ""
+                    if not call.name and part.function.name:
+                        call.name = self.names.keel(part.function.name)
                     fragment = part.function.arguments or ""
                     call.arguments += fragment
                 events.append(ToolCallDelta(part.index, call.id, call.name, fragment))
@@ -207,32 +224,15 @@ class _Answer:
             content.append({"type": "thinking", "thinking": "".join(self.thinking)})
         if self.text:
             content.append({"type": "text", "text": "".join(self.text)})
-        calls: list[Mapping[str, Any]] = []
-        invalid: dict[str, str] = {}
-        for index in sorted(self.calls):
-            call = self.calls[index]
-            arguments = _parse_arguments(call.arguments)
-            if arguments is None:
-                invalid[call.id] = call.arguments
-            calls.append({"id": call.id, "name": call.name, "arguments": arguments or {}})
+        calls = [
+            tool_call(self.calls[index].id, self.calls[index].name, self.calls[index].arguments)
+            for index in sorted(self.calls)
+        ]
         stop = _STOP_REASONS.get(self.finish_reason, self.finish_reason)
         if calls and stop == "stop":
             stop = "toolUse"  # some servers say "stop" after tool calls
         extra: dict[str, Any] = {"responseId": self.response_id} if self.response_id else {}
-        if invalid:
-            extra["invalidToolArguments"] = invalid
         return Completed(tuple(content), tuple(calls), self.usage, stop, self.model, extra)
-
-
-def _parse_arguments(raw: str) -> dict[str, Any] | None:
-    """The arguments object, {} for none, None when the model wrote no object."""
-    if not raw.strip():
-        return {}
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def provider_error(exc: OpenAIError) -> ProviderError:
@@ -290,18 +290,19 @@ class OpenAICompatible(ConfiguredModel):
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         budget = self.output_budget(request)
+        names = ToolNames.for_request(request)
         tools = [
             {
                 "type": "function",
                 "function": {
-                    "name": tool.name,
+                    "name": names.wire(tool.name),
                     "description": tool.description,
                     "parameters": dict(tool.parameters),
                 },
             }
             for tool in request.tools
         ]
-        messages = to_chat_messages(request.system, request.messages)
+        messages = to_chat_messages(request.system, request.messages, names)
         try:
             chunks = await self._client.chat.completions.create(
                 model=self._model,
@@ -313,7 +314,7 @@ class OpenAICompatible(ConfiguredModel):
             )
         except OpenAIError as exc:
             raise provider_error(exc) from exc
-        answer = _Answer(self._model)
+        answer = _Answer(self._model, names)
         try:
             while True:
                 # Only the SDK's own calls are guarded, so a bug in this module

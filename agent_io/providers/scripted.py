@@ -8,6 +8,9 @@ command at the start of an input changes what it contributes:
     plain text                      "You said: <text>"
     /slow <seconds> <text>          that echo, streamed over ~<seconds> (durations add up)
     /tool <name> <json> [| ...]     tool calls, then "Tool <name> returned: ..."
+                                    (any tool name, `files.read` too; arguments
+                                    that are not a JSON object are sent as
+                                    written, as `argumentsText`)
     /fail                           a terminal ProviderError
     /fail <n> <text>                a retryable error while attempt <= n, then the echo
     /long <tokens>                  a reply of about <tokens> tokens
@@ -173,14 +176,15 @@ class ScriptedModel:
             await pacer.wait()
             yield TextDelta(token)
         for index, call in enumerate(reply.tool_calls):
-            yield ToolCallDelta(index, call["id"], call["name"], json.dumps(call["arguments"]))
+            yield ToolCallDelta(index, call["id"], call["name"], _arguments_text(call))
 
         content: list[Mapping[str, Any]] = []
         if reply.thinking:
             content.append({"type": "thinking", "thinking": reply.thinking})
         if reply.text:
             content.append({"type": "text", "text": reply.text})
-        calls = [{"type": "toolCall", **call} for call in reply.tool_calls]
+        # Counted as the transcript will present them (raw text included).
+        calls = [_tool_call_block(call) for call in reply.tool_calls]
         output_tokens = message_from_dict({"role": "assistant", "content": content + calls}).tokens
         yield Completed(
             content=tuple(content),
@@ -216,6 +220,18 @@ class ScriptedModel:
         thinking = cut(reply.thinking, budget * 4)
         text = cut(reply.text, budget * 4 - utf16_length(thinking))
         return Reply(text=text, thinking=thinking, stop_reason="length", seconds=reply.seconds)
+
+
+def _arguments_text(call: Mapping[str, Any]) -> str:
+    """The arguments as the model "wrote" them."""
+    text = call.get("argumentsText")
+    return text if isinstance(text, str) else json.dumps(call["arguments"])
+
+
+def _tool_call_block(call: Mapping[str, Any]) -> dict[str, Any]:
+    text = call.get("argumentsText")
+    arguments = text if isinstance(text, str) else call["arguments"]
+    return {"type": "toolCall", "id": call["id"], "name": call["name"], "arguments": arguments}
 
 
 class _Pacer:

@@ -78,10 +78,35 @@ def long_text(tokens: int) -> str:
     return "".join(words)[:target]
 
 
-def parse_tool_calls(spec: str) -> list[tuple[str, dict[str, Any]]]:
-    """`name {json} | name {json} ...` → [(name, arguments)]; arguments default to {}."""
+@dataclass(frozen=True)
+class ScriptedCall:
+    """One call a `/tool` command asks for."""
+
+    # Any registered tool's name, prefixed ones too (`files.read`).
+    name: str
+    arguments: Mapping[str, Any]
+    # Set when the arguments are not a JSON object: the text, as written.
+    arguments_text: str | None = None
+
+    def with_id(self, call_id: str) -> dict[str, Any]:
+        """The call as a `Completed.tool_calls` item."""
+        call: dict[str, Any] = {"id": call_id, "name": self.name, "arguments": dict(self.arguments)}
+        if self.arguments_text is not None:
+            call["argumentsText"] = self.arguments_text
+        return call
+
+
+def parse_tool_calls(spec: str) -> list[ScriptedCall]:
+    """`name {json} | name {json} ...` → the calls; arguments default to {}.
+
+    Arguments that are not a JSON object (`clock {"tz": `, `clock [1]`) make
+    a call carrying that text as written, as a real model's malformed or
+    cut-off arguments would: such a call is the command's last, its text
+    running to the end of the command (where a malformed object ends cannot
+    be known).
+    """
     decoder = json.JSONDecoder()
-    calls: list[tuple[str, dict[str, Any]]] = []
+    calls: list[ScriptedCall] = []
     position = 0
     while True:
         match = _TOOL_NAME_PATTERN.match(spec, position)
@@ -90,12 +115,17 @@ def parse_tool_calls(spec: str) -> list[tuple[str, dict[str, Any]]]:
         name, position = match.group(1), match.end()
         arguments: Any = {}
         if position < len(spec) and spec[position] != "|":
-            arguments, position = decoder.raw_decode(spec, position)
+            try:
+                arguments, end = decoder.raw_decode(spec, position)
+            except json.JSONDecodeError:
+                arguments = None
             if not isinstance(arguments, dict):
-                raise ValueError(f"the arguments of {name} must be a JSON object")
+                calls.append(ScriptedCall(name, {}, spec[position:].rstrip()))
+                return calls
+            position = end
         while position < len(spec) and spec[position].isspace():
             position += 1
-        calls.append((name, arguments))
+        calls.append(ScriptedCall(name, arguments))
         if position >= len(spec):
             return calls
         if spec[position] != "|":
@@ -121,7 +151,7 @@ class _Effect:
 
     text: str = ""
     thinking: str = ""
-    calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    calls: list[ScriptedCall] = field(default_factory=list)
     # How long `/slow` asks the stream to take.
     seconds: float | None = None
 
@@ -252,9 +282,9 @@ def batch_reply(messages: Sequence[Mapping[str, Any]], attempt: int) -> Reply:
     if any(effect.calls for _, effect in pending):
         history = _history_digests(messages, {item.position for item, e in pending if e.calls})
         for item, effect in pending:
-            for index, (name, arguments) in enumerate(effect.calls):
+            for index, call in enumerate(effect.calls):
                 call_id = tool_call_id(item.text, item.position, index, history[item.position])
-                new_calls.append({"id": call_id, "name": name, "arguments": arguments})
+                new_calls.append(call.with_id(call_id))
         names = ", ".join(str(call["name"]) for call in new_calls)
         return Reply(
             text=f"Calling {names}.",

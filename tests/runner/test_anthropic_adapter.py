@@ -31,6 +31,7 @@ from tests.support.blobs import PNG, attached
 
 MODEL = "claude-test"
 CLOCK = ToolSpec("clock", "Current time.", {"type": "object", "properties": {"tz": {}}})
+SLEEP = ToolSpec("sleep", "Wait.", {"type": "object", "properties": {"seconds": {}}})
 EPHEMERAL = {"type": "ephemeral"}
 
 
@@ -271,6 +272,90 @@ async def test_transcript_is_converted(server: WireServer, provider: AnthropicMe
             ],
         },
     ]
+
+
+def tool_use_answer(
+    calls: list[tuple[str, str, list[str]]], stop_reason: str = "tool_use"
+) -> list[str]:
+    """A message of tool_use blocks: (id, wire name, input JSON pieces) each."""
+    frames = [message_start()]
+    for index, (call_id, name, pieces) in enumerate(calls):
+        start = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+        frames.append(block_start(index, start))
+        for piece in pieces:
+            frames.append(block_delta(index, {"type": "input_json_delta", "partial_json": piece}))
+        frames.append(block_stop(index))
+    return [*frames, *message_end(stop_reason, 9)]
+
+
+async def test_cut_off_input_is_kept_as_the_model_sent_it(
+    server: WireServer, provider: AnthropicMessages
+) -> None:
+    # max_tokens cut the tool_use mid-input: the text is kept (never {}),
+    # and the stop reason is the same "length" the OpenAI adapter gives.
+    server.queue(
+        sse_reply(tool_use_answer([("toolu_1", "sleep", ['{"seco', 'nds": 5'])], "max_tokens"))
+    )
+    events, completed = await collect(provider, hello(tools=(SLEEP,)))
+    assert "".join(e.arguments_fragment for e in events if isinstance(e, ToolCallDelta)) == (
+        '{"seconds": 5'
+    )
+    assert completed.tool_calls == (
+        {"id": "toolu_1", "name": "sleep", "arguments": {}, "argumentsText": '{"seconds": 5'},
+    )
+    assert completed.stop_reason == "length"
+    assert "invalidToolArguments" not in completed.extra
+
+
+async def test_input_that_is_not_an_object_is_kept(
+    server: WireServer, provider: AnthropicMessages
+) -> None:
+    server.queue(sse_reply(tool_use_answer([("toolu_2", "sleep", ["[5]"])])))
+    _, completed = await collect(provider, hello(tools=(SLEEP,)))
+    assert completed.tool_calls == (
+        {"id": "toolu_2", "name": "sleep", "arguments": {}, "argumentsText": "[5]"},
+    )
+    assert completed.stop_reason == "toolUse"
+
+
+async def test_prefixed_tool_names_travel_as_wire_names_and_come_back(
+    server: WireServer, provider: AnthropicMessages
+) -> None:
+    read = ToolSpec("files.read", "Read a file.", {"type": "object"})
+    history = (
+        {"role": "user", "content": "Read a."},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "toolCall", "id": "c0", "name": "files.read", "arguments": {"p": "a"}},
+                # Arguments the model once sent malformed: input must be an object.
+                {"type": "toolCall", "id": "c1", "name": "files.read", "arguments": '{"p": '},
+            ],
+        },
+        {"role": "toolResult", "toolCallId": "c0", "toolName": "files.read", "content": "A"},
+        {
+            "role": "toolResult",
+            "toolCallId": "c1",
+            "toolName": "files.read",
+            "content": "not run: its arguments are not a JSON object",
+            "isError": True,
+        },
+        {"role": "user", "content": "Now b."},
+    )
+    server.queue(sse_reply(tool_use_answer([("toolu_3", "files_read", ['{"p": ', '"b"}'])])))
+    request = ModelRequest(system="", messages=history, tools=(read, CLOCK))
+    events, completed = await collect(provider, request)
+
+    body = server.received[0].body
+    assert [tool["name"] for tool in body["tools"]] == ["files_read", "clock"]
+    assert body["messages"][1]["content"] == [
+        {"type": "tool_use", "id": "c0", "name": "files_read", "input": {"p": "a"}},
+        {"type": "tool_use", "id": "c1", "name": "files_read", "input": {}},
+    ]
+    assert {e.name for e in events if isinstance(e, ToolCallDelta)} == {"files.read"}
+    assert completed.tool_calls == (
+        {"id": "toolu_3", "name": "files.read", "arguments": {"p": "b"}},
+    )
 
 
 async def test_an_inputs_blobs_become_wire_blocks_in_order(

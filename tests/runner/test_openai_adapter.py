@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
@@ -25,12 +26,15 @@ from agent_io.providers import (
     Usage,
     provider_from_loadout,
 )
+from compaction.transcript import request_messages
 from services.common.secrets import SecretPolicy
+from services.ledger.facts import CommittedFact
 from tests.runner.wire_servers import WireServer, data_frame, error_reply, sse_reply
 from tests.support.blobs import PNG, attached
 
 MODEL = "gpt-test"
 CLOCK = ToolSpec("clock", "Current time.", {"type": "object", "properties": {}})
+SLEEP = ToolSpec("sleep", "Wait.", {"type": "object", "properties": {"seconds": {}}})
 
 
 def chunk(delta: dict[str, Any] | None = None, finish: str | None = None) -> str:
@@ -333,18 +337,176 @@ async def test_a_cut_stream_is_not_an_answer(
     assert not isinstance(caught.value, ContextOverflow)
 
 
-async def test_invalid_tool_arguments_are_reported(
+async def test_cut_off_arguments_are_kept_as_the_model_sent_them(
+    server: WireServer, provider: OpenAICompatible
+) -> None:
+    # The output limit cuts the call mid-arguments: the text must not become
+    # {} (the tool would run with its defaults), and the stop says why.
+    server.queue(
+        sse_reply(
+            [
+                chunk(tool_delta(0, '{"seco', "call_x", "sleep")),
+                chunk(tool_delta(0, 'nds": 5')),
+                chunk(finish="length"),
+                DONE,
+            ]
+        )
+    )
+    events, completed = await collect(provider, hello(tools=(SLEEP,)))
+    assert "".join(e.arguments_fragment for e in events if isinstance(e, ToolCallDelta)) == (
+        '{"seconds": 5'
+    )
+    assert completed.tool_calls == (
+        {"id": "call_x", "name": "sleep", "arguments": {}, "argumentsText": '{"seconds": 5'},
+    )
+    assert completed.stop_reason == "length"
+    assert "invalidToolArguments" not in completed.extra
+
+
+@pytest.mark.parametrize("sent", ["[5]", '"5"', "5", "null", '{"a": 1} {"b": 2}', '{"a": NaN}'])
+async def test_arguments_that_are_not_an_object_are_kept(
+    server: WireServer, provider: OpenAICompatible, sent: str
+) -> None:
+    server.queue(
+        sse_reply([chunk(tool_delta(0, sent, "call_y", "sleep")), chunk(finish="tool_calls"), DONE])
+    )
+    _, completed = await collect(provider, hello(tools=(SLEEP,)))
+    assert completed.tool_calls == (
+        {"id": "call_y", "name": "sleep", "arguments": {}, "argumentsText": sent},
+    )
+    assert completed.stop_reason == "toolUse"
+
+
+async def test_no_arguments_at_all_are_an_empty_object(
     server: WireServer, provider: OpenAICompatible
 ) -> None:
     server.queue(
+        sse_reply([chunk(tool_delta(0, "", "call_z", "clock")), chunk(finish="tool_calls"), DONE])
+    )
+    _, completed = await collect(provider, hello(tools=(CLOCK,)))
+    assert completed.tool_calls == ({"id": "call_z", "name": "clock", "arguments": {}},)
+
+
+async def test_prefixed_tool_names_travel_as_wire_names_and_come_back(
+    server: WireServer, provider: OpenAICompatible
+) -> None:
+    read = ToolSpec("files.read", "Read a file.", {"type": "object"})
+    fetch = ToolSpec("web/fetch.v2", "Fetch a page.", {"type": "object"})
+    history = (
+        {"role": "user", "content": "Read a."},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "toolCall", "id": "c0", "name": "files.read", "arguments": {"p": "a"}}
+            ],
+        },
+        {"role": "toolResult", "toolCallId": "c0", "toolName": "files.read", "content": "A"},
+        {"role": "user", "content": "Now b, and fetch."},
+    )
+    server.queue(
         sse_reply(
-            [chunk(tool_delta(0, '{"tz": ', "call_x", "clock")), chunk(finish="length"), DONE]
+            [
+                chunk(tool_delta(0, '{"p": ', "c1", "files_read")),
+                chunk(tool_delta(1, "{}", "c2", "web_fetch_v2")),
+                chunk(tool_delta(0, '"b"}')),
+                chunk(finish="tool_calls"),
+                DONE,
+            ]
         )
     )
-    _, completed = await collect(provider, hello())
-    assert completed.tool_calls == ({"id": "call_x", "name": "clock", "arguments": {}},)
-    assert completed.extra["invalidToolArguments"] == {"call_x": '{"tz": '}
-    assert completed.stop_reason == "length"
+    request = ModelRequest(system="", messages=history, tools=(read, CLOCK, fetch))
+    events, completed = await collect(provider, request)
+
+    body = server.received[0].body
+    assert [tool["function"]["name"] for tool in body["tools"]] == [
+        "files_read",
+        "clock",
+        "web_fetch_v2",
+    ]
+    (earlier,) = body["messages"][1]["tool_calls"]
+    assert earlier["function"] == {"name": "files_read", "arguments": '{"p": "a"}'}
+    assert {(e.index, e.name) for e in events if isinstance(e, ToolCallDelta)} == {
+        (0, "files.read"),
+        (1, "web/fetch.v2"),
+    }
+    assert completed.tool_calls == (
+        {"id": "c1", "name": "files.read", "arguments": {"p": "b"}},
+        {"id": "c2", "name": "web/fetch.v2", "arguments": {}},
+    )
+
+
+async def test_awkward_names_get_distinct_wire_safe_names(
+    server: WireServer, provider: OpenAICompatible
+) -> None:
+    names = [
+        "a.b",
+        "a/b",  # reads the same as a.b once made wire-safe
+        "a_b.c",
+        "a_b_c",  # already safe: kept, so a_b.c must not take it
+        "files." + "x" * 80,  # too long
+        "files." + "x" * 80 + ".y",
+        "outils.résumé",
+        "",
+    ]
+    tools = tuple(ToolSpec(name, "t", {"type": "object"}) for name in names)
+    server.queue(
+        sse_reply([chunk({"content": "ok"}), chunk(finish="stop"), DONE]),
+        sse_reply([chunk({"content": "ok"}), chunk(finish="stop"), DONE]),
+    )
+    await collect(provider, hello(tools=tools))
+    await collect(provider, hello(tools=tuple(reversed(tools))))
+
+    first, second = (
+        [tool["function"]["name"] for tool in received.body["tools"]]
+        for received in server.received
+    )
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", name) for name in first)
+    assert len(set(first)) == len(names)
+    assert first[3] == "a_b_c"
+    assert second == list(reversed(first))  # a function of the names, not their order
+
+
+async def test_a_presented_call_with_raw_arguments_is_sent_verbatim(
+    server: WireServer, provider: OpenAICompatible
+) -> None:
+    # The ledger's assistant fact keeps what the model sent; the next request
+    # must show it that, not an empty object.
+    raw = '{"seconds": 5'
+    facts = [
+        CommittedFact("s", 1, "input", {"text": "Sleep."}, 0, 1),
+        CommittedFact("s", 2, "epoch_started", {"watermark": 1}, 0, 1),
+        CommittedFact(
+            "s",
+            3,
+            "assistant",
+            {
+                "content": [],
+                "toolCalls": [
+                    {"id": "c1", "name": "files.sleep", "arguments": {}, "argumentsText": raw}
+                ],
+                "stopReason": "length",
+            },
+            0,
+            1,
+        ),
+        CommittedFact(
+            "s",
+            4,
+            "tool_result",
+            {"toolCallId": "c1", "content": "not run: arguments cut off", "isError": True},
+            0,
+            1,
+        ),
+    ]
+    messages = request_messages(facts)
+    server.queue(sse_reply([chunk({"content": "ok"}), chunk(finish="stop"), DONE]))
+    await collect(provider, ModelRequest(system="", messages=messages))
+
+    sent = server.received[0].body["messages"]
+    assert sent[1]["tool_calls"] == [
+        {"id": "c1", "type": "function", "function": {"name": "files_sleep", "arguments": raw}}
+    ]
+    assert sent[2]["content"] == "not run: arguments cut off"
 
 
 async def test_consumer_can_stop_mid_stream(server: WireServer, provider: OpenAICompatible) -> None:

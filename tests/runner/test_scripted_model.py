@@ -33,7 +33,9 @@ from compaction.policy import (
     prepare,
     to_entries,
 )
+from compaction.transcript import request_messages
 from services.common.secrets import SecretPolicy
+from services.ledger.facts import CommittedFact
 
 SYSTEM = "You are a test agent."
 HEADINGS = (
@@ -231,12 +233,91 @@ async def test_tool_call_ids_are_a_function_of_the_request() -> None:
     assert reworded.tool_calls[0]["id"] != first.tool_calls[0]["id"]
 
 
-@pytest.mark.parametrize("spec", ["clock {nope", 'clock ["a"]', "a {} b {}", ""])
+@pytest.mark.parametrize("spec", ["a {} b {}", "", "{}", "a |"])
 async def test_unreadable_tool_command_gets_an_explanation(spec: str) -> None:
     completed = await answer(turn(user(f"/tool {spec}")))
     assert completed.tool_calls == ()
     assert completed.stop_reason == "stop"
     assert text_of(completed).startswith("I could not read that /tool command")
+
+
+async def test_tool_reaches_prefixed_names() -> None:
+    ask = user('/tool files.echo {"text":"hi"} | mcp-x.a/b')
+    completed = await answer(turn(ask))
+    assert [(call["name"], call["arguments"]) for call in completed.tool_calls] == [
+        ("files.echo", {"text": "hi"}),
+        ("mcp-x.a/b", {}),
+    ]
+    results = [tool_result(completed.tool_calls[0], "hi"), tool_result(completed.tool_calls[1], "")]
+    final = await answer(turn(ask, assistant_fact(completed), *results))
+    assert text_of(final).splitlines()[0] == "Tool files.echo returned: hi"
+
+
+def presented(facts: Sequence[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], ...]:
+    """The messages a request shows for these facts, as the runner builds them."""
+    committed = [
+        CommittedFact("s", seq, kind, data, 0, 1) for seq, (kind, data) in enumerate(facts, 1)
+    ]
+    return request_messages(committed)
+
+
+async def test_malformed_arguments_are_sent_as_written() -> None:
+    # A real model's malformed or cut-off arguments, offline: the call keeps
+    # the text, so the attempt can refuse to run it and say why.
+    events = await run(turn(user("/tool files.echo {bad json")))
+    completed = events[-1]
+    assert isinstance(completed, Completed)
+    (call,) = completed.tool_calls
+    assert call == {
+        "id": call["id"],
+        "name": "files.echo",
+        "arguments": {},
+        "argumentsText": "{bad json",
+    }
+    assert completed.stop_reason == "toolUse"
+    assert [e for e in events if isinstance(e, ToolCallDelta)] == [
+        ToolCallDelta(0, call["id"], "files.echo", "{bad json")
+    ]
+    again = await answer(turn(user("/tool files.echo {bad json")), ScriptedModel())
+    assert again.tool_calls == completed.tool_calls  # the same call id: deterministic
+
+    # Presented back as the transcript shows it (the raw text), the usage
+    # the model reported is the policy's count of that very message.
+    facts: list[tuple[str, dict[str, Any]]] = [
+        ("input", {"text": "/tool files.echo {bad json"}),
+        ("epoch_started", {"watermark": 1}),
+        ("assistant", {"content": list(completed.content), "toolCalls": [dict(call)]}),
+    ]
+    messages = presented(facts)
+    assert messages[1]["content"][-1]["arguments"] == "{bad json"
+    assert completed.usage.output == message_from_dict(messages[1]).tokens
+
+    problem = "not run: the arguments are not a JSON object"
+    facts.append(("tool_result", {"toolCallId": call["id"], "content": problem, "isError": True}))
+    final = await answer(turn(*presented(facts)))
+    assert final.tool_calls == ()
+    assert text_of(final) == f"Tool files.echo failed with: {problem}"
+
+
+@pytest.mark.parametrize(
+    ("spec", "calls"),
+    [
+        ("a {} | b [1]", [("a", {}, None), ("b", {}, "[1]")]),
+        ('clock ["a"]', [("clock", {}, '["a"]')]),
+        ("clock {nope", [("clock", {}, "{nope")]),
+        # Where a malformed object ends cannot be known: it runs to the end.
+        ("a {bad | b {}", [("a", {}, "{bad | b {}")]),
+        ("a 5  ", [("a", {}, "5")]),
+    ],
+)
+async def test_arguments_that_are_not_an_object_end_the_command(
+    spec: str, calls: list[tuple[str, dict[str, Any], str | None]]
+) -> None:
+    completed = await answer(turn(user(f"/tool {spec}")))
+    assert [
+        (call["name"], call["arguments"], call.get("argumentsText"))
+        for call in completed.tool_calls
+    ] == calls
 
 
 async def test_fail_is_terminal() -> None:
