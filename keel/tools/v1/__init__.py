@@ -1,0 +1,1 @@
+"""Generated contracts of Keel. Do not edit: run scripts/gen_protos.py."""

@@ -1,0 +1,410 @@
+"""Serve plain Python functions as a `keel.tools.v1.ToolService`.
+
+Each function becomes one tool: its name, its docstring as the description,
+and a JSON schema of its arguments built from its type hints::
+
+    from typing import Literal
+    from keel_tools import serve_tools
+
+    def refund(order_id: str, amount: float, reason: Literal["damaged", "late"] = "late",
+               *, idempotency_key: str) -> dict[str, object]:
+        \"\"\"Refunds part of an order.\"\"\"
+        return billing.refund(order_id, amount, reason, key=idempotency_key)
+
+    serve_tools([refund], port=7000)   # token from KEEL_TOOL_TOKEN, if set
+
+A call is at-least-once (a runner that crashed mid-call calls again after
+its successor takes over), so a tool with an effect takes the keyword
+parameter `idempotency_key` and applies its effect once per key; it may also
+take `session_id`. Both are filled from the request and are not part of the
+schema the model sees.
+
+A function may be sync (run in a worker thread, so a slow one does not
+block the others) or async. Its exception becomes an `is_error` result with
+its message; a `str` return value is the result text, anything else is sent
+as structured JSON plus its JSON text.
+
+This module depends only on grpcio, the health service and the generated
+contract in `keel/`, never on Keel's own servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import inspect
+import json
+import logging
+import os
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from keel.tools.v1 import tools_pb2 as pb
+from keel.tools.v1 import tools_pb2_grpc as pb_grpc
+
+__all__ = [
+    "TOKEN_ENV",
+    "TOKEN_METADATA",
+    "ToolDefinition",
+    "ToolServer",
+    "define_tool",
+    "schema_of",
+    "schema_problem",
+    "serve_tools",
+]
+
+log = logging.getLogger("keel_tools")
+
+TOKEN_ENV = "KEEL_TOOL_TOKEN"
+TOKEN_METADATA = "x-keel-tool-token"
+SERVICE_NAME = "keel.tools.v1.ToolService"
+# Parameters filled from the request rather than by the model.
+REQUEST_PARAMETERS = frozenset({"idempotency_key", "session_id"})
+# Room for large results; the runner cuts what the model sees on its side.
+MAX_MESSAGE_BYTES = 16 << 20
+_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+]
+_SIMPLE_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+def schema_of(annotation: Any) -> dict[str, Any]:
+    """The JSON schema of one type hint; TypeError for a hint with no JSON shape."""
+    if annotation is Any or annotation is inspect.Parameter.empty:
+        return {}
+    if annotation is None or annotation is type(None):
+        return {"type": "null"}
+    if annotation in _SIMPLE_TYPES:
+        return {"type": _SIMPLE_TYPES[annotation]}
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        schema = schema_of(args[0])
+        notes = [note for note in args[1:] if isinstance(note, str)]
+        return {**schema, "description": " ".join(notes)} if notes else schema
+    if origin is Literal:
+        schema = {"enum": list(args)}
+        kinds = {_SIMPLE_TYPES.get(type(value)) for value in args}
+        if len(kinds) == 1 and None not in kinds:
+            schema["type"] = kinds.pop()
+        return schema
+    if origin is Union or origin is types.UnionType:
+        return {"anyOf": [schema_of(arg) for arg in args]}
+    if annotation is list or origin is list:
+        return {"type": "array", "items": schema_of(args[0])} if args else {"type": "array"}
+    if annotation is dict or origin is dict:
+        if not args:
+            return {"type": "object"}
+        if args[0] is not str:
+            raise TypeError(f"JSON object keys are strings, not {args[0]!r}")
+        return {"type": "object", "additionalProperties": schema_of(args[1])}
+    raise TypeError(f"no JSON schema for the type hint {annotation!r}")
+
+
+@dataclass(frozen=True)
+class ToolDefinition:
+    """One function as a tool: what the model is told, and how to call it."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    function: Callable[..., Any]
+    # The request parameters (idempotency_key, session_id) it takes.
+    request_parameters: frozenset[str]
+
+    def to_pb(self) -> pb.Tool:
+        return pb.Tool(
+            name=self.name,
+            description=self.description,
+            input_schema_json=json.dumps(self.input_schema),
+        )
+
+
+def define_tool(function: Callable[..., Any], name: str | None = None) -> ToolDefinition:
+    """The tool made of `function`; TypeError when a parameter cannot be one
+    a model fills in (no JSON shape, *args, positional-only)."""
+    tool_name = name or function.__name__
+    hints = get_type_hints(function, include_extras=True)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    request_parameters: set[str] = set()
+    for parameter in inspect.signature(function).parameters.values():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            raise TypeError(f"tool {tool_name}: *{parameter.name} cannot come from JSON")
+        if parameter.kind is parameter.POSITIONAL_ONLY:
+            raise TypeError(f"tool {tool_name}: {parameter.name} must be passable by name")
+        if parameter.name in REQUEST_PARAMETERS:
+            request_parameters.add(parameter.name)
+            continue
+        try:
+            schema = schema_of(hints.get(parameter.name, inspect.Parameter.empty))
+        except TypeError as exc:
+            raise TypeError(f"tool {tool_name}, parameter {parameter.name}: {exc}") from None
+        if parameter.default is parameter.empty:
+            required.append(parameter.name)
+        elif _is_json(parameter.default):
+            schema = {**schema, "default": parameter.default}
+        properties[parameter.name] = schema
+    input_schema: dict[str, Any] = {
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+    }
+    if required:
+        input_schema["required"] = required
+    return ToolDefinition(
+        name=tool_name,
+        description=inspect.getdoc(function) or "",
+        input_schema=input_schema,
+        function=function,
+        request_parameters=frozenset(request_parameters),
+    )
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "null": (type(None),),
+    "array": (list,),
+    "object": (dict,),
+}
+
+
+def schema_problem(value: Any, schema: Mapping[str, Any], where: str) -> str | None:
+    """Why `value` does not fit `schema` (the subset `schema_of` writes), or None."""
+    if "anyOf" in schema:
+        fits = any(schema_problem(value, option, where) is None for option in schema["anyOf"])
+        return None if fits else f"{where}: {json.dumps(value)} fits none of the allowed types"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{where}: {json.dumps(value)} is not one of {json.dumps(schema['enum'])}"
+    kind = schema.get("type")
+    if kind is None:
+        return None
+    # bool is an int to Python, never to JSON.
+    if isinstance(value, bool) and kind in ("integer", "number"):
+        return f"{where}: expected {kind}, got {json.dumps(value)}"
+    if not isinstance(value, _JSON_TYPES[kind]):
+        return f"{where}: expected {kind}, got {json.dumps(value)}"
+    members: list[tuple[str, Any, Mapping[str, Any]]] = []
+    if isinstance(value, list) and "items" in schema:
+        members = [(f"{where}[{i}]", item, schema["items"]) for i, item in enumerate(value)]
+    elif isinstance(value, dict) and "additionalProperties" in schema:
+        inner = schema["additionalProperties"]
+        members = [(f"{where}.{key}", item, inner) for key, item in value.items()]
+    for path, item, item_schema in members:
+        problem = schema_problem(item, item_schema, path)
+        if problem:
+            return problem
+    return None
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _result_response(value: Any) -> pb.CallToolResponse:
+    """A return value as the model will see it: text as is; anything else as
+    its JSON text plus structured JSON (an object: other values are wrapped
+    as {"result": value})."""
+    if isinstance(value, str):
+        return pb.CallToolResponse(content=value)
+    if value is None:
+        return pb.CallToolResponse(content="")
+    try:
+        text = json.dumps(value)
+        structured = json.dumps(value if isinstance(value, dict) else {"result": value})
+    except (TypeError, ValueError) as exc:
+        return pb.CallToolResponse(content=f"result is not JSON: {exc}", is_error=True)
+    return pb.CallToolResponse(content=text, structured_json=structured)
+
+
+def _arguments_problem(tool: ToolDefinition, arguments: Mapping[str, Any]) -> str | None:
+    """Why `arguments` do not fit the tool's schema, or None. The runner checks
+    the schema too; this guards the function from any other caller."""
+    properties: Mapping[str, Any] = tool.input_schema["properties"]
+    unknown = sorted(set(arguments) - set(properties))
+    if unknown:
+        return "unknown arguments: " + ", ".join(unknown)
+    missing = [name for name in tool.input_schema.get("required", ()) if name not in arguments]
+    if missing:
+        return "missing arguments: " + ", ".join(missing)
+    for name, value in arguments.items():
+        problem = schema_problem(value, properties[name], name)
+        if problem:
+            return problem
+    return None
+
+
+class _ToolServicer(pb_grpc.ToolServiceServicer):
+    def __init__(self, tools: Mapping[str, ToolDefinition], token: str) -> None:
+        self._tools = tools
+        self._token = token.encode()
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if not self._token:
+            return
+        sent = b""
+        for key, value in context.invocation_metadata() or ():
+            if key == TOKEN_METADATA:
+                sent = value.encode() if isinstance(value, str) else value
+        if not hmac.compare_digest(sent, self._token):
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, f"missing or wrong {TOKEN_METADATA} metadata"
+            )
+
+    async def ListTools(
+        self, request: pb.ListToolsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListToolsResponse:
+        await self._authenticate(context)
+        return pb.ListToolsResponse(tools=[tool.to_pb() for tool in self._tools.values()])
+
+    async def CallTool(
+        self, request: pb.CallToolRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.CallToolResponse:
+        await self._authenticate(context)
+        tool = self._tools.get(request.name)
+        if tool is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown tool {request.name!r}")
+        try:
+            arguments = json.loads(request.arguments_json or "{}")
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"arguments_json: {exc}")
+        if not isinstance(arguments, dict):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "arguments_json is not a JSON object"
+            )
+        problem = _arguments_problem(tool, arguments)
+        if problem:
+            return pb.CallToolResponse(content=f"invalid arguments: {problem}", is_error=True)
+        filled = {"idempotency_key": request.idempotency_key, "session_id": request.session_id}
+        for parameter in tool.request_parameters:
+            arguments[parameter] = filled[parameter]
+        return await self._run(tool, arguments)
+
+    async def _run(self, tool: ToolDefinition, arguments: dict[str, Any]) -> pb.CallToolResponse:
+        try:
+            bound = inspect.signature(tool.function).bind(**arguments)
+        except TypeError as exc:
+            return pb.CallToolResponse(content=f"invalid arguments: {exc}", is_error=True)
+        try:
+            if inspect.iscoroutinefunction(tool.function):
+                value = await tool.function(*bound.args, **bound.kwargs)
+            else:
+                value = await asyncio.to_thread(tool.function, *bound.args, **bound.kwargs)
+                if inspect.isawaitable(value):  # e.g. a partial of an async function
+                    value = await value
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the tool's failure is the model's information
+            log.info("tool %s failed: %r", tool.name, exc)
+            return pb.CallToolResponse(content=f"{type(exc).__name__}: {exc}", is_error=True)
+        return _result_response(value)
+
+
+class ToolServer:
+    """A gRPC server offering `functions` as a ToolService (plus health).
+
+    With a token (the argument, else KEEL_TOOL_TOKEN), a call without the
+    matching `x-keel-tool-token` metadata is refused with UNAUTHENTICATED;
+    health checks need no token.
+    """
+
+    def __init__(
+        self, functions: Iterable[Callable[..., Any]], *, token: str | None = None
+    ) -> None:
+        tools: dict[str, ToolDefinition] = {}
+        for function in functions:
+            tool = define_tool(function)
+            if tool.name in tools:
+                raise ValueError(f"two tools are named {tool.name!r}")
+            tools[tool.name] = tool
+        self.tools: Mapping[str, ToolDefinition] = tools
+        self._token = os.environ.get(TOKEN_ENV, "") if token is None else token
+        self._server: grpc.aio.Server | None = None
+        self.port = 0
+        self.host = ""
+
+    @property
+    def address(self) -> str:
+        """host:port as a client dials it (loopback for a wildcard host)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "[::]", "") else self.host
+        return f"{host}:{self.port}"
+
+    async def start(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        credentials: grpc.ServerCredentials | None = None,
+    ) -> int:
+        """Binds and starts serving (port 0: any free port); returns the port.
+        With `credentials` (grpc.ssl_server_credentials) it serves TLS."""
+        server = grpc.aio.server(options=_OPTIONS)
+        pb_grpc.add_ToolServiceServicer_to_server(_ToolServicer(self.tools, self._token), server)
+        health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        address = f"{host}:{port}"
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
+        if bound == 0:
+            raise OSError(f"cannot bind a ToolService to {address}")
+        await server.start()
+        await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        await health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._server, self.host, self.port = server, host, bound
+        if not self._token:
+            log.warning("serving tools on %s without a token: any caller may use them", address)
+        return bound
+
+    async def wait_for_termination(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+
+    async def __aenter__(self) -> ToolServer:
+        if self._server is None:
+            await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def serve_tools(
+    functions: Iterable[Callable[..., Any]],
+    *,
+    port: int,
+    host: str = "0.0.0.0",
+    token: str | None = None,
+    credentials: grpc.ServerCredentials | None = None,
+) -> None:
+    """Serves `functions` as a ToolService until the process is stopped."""
+
+    async def main() -> None:
+        server = ToolServer(functions, token=token)
+        await server.start(host, port, credentials)
+        log.info("serving tools %s on %s:%d", ", ".join(server.tools), host, server.port)
+        try:
+            await server.wait_for_termination()
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
