@@ -1,0 +1,439 @@
+"""MCP servers as a tool source, through the official `mcp` SDK.
+
+A stdio server is a child process of the runner: started on first use,
+started again on the next use after it exited, and stopped by `aclose()`
+(drain and shutdown). Its environment is PATH, HOME and LANG of the runner
+plus the loadout's resolved `env`, nothing else: the runner's other
+variables hold its secrets. The SDK merges a few more of the parent's
+variables into a child's environment, so the child is started through
+`env -i`, which clears the environment, sets exactly ours and executes the
+server in the same process. Each line the server writes on stderr becomes
+one record of the `keel.tools.mcp` logger, prefixed with the server's name.
+
+A streamable-HTTP server gets the resolved headers on every request.
+
+The SDK's client is a nest of async context managers and task groups that
+must be left by the task that entered them, while calls and `aclose()` come
+from any task; so each connection is owned by a task of its own and callers
+only send requests through its session. A call carries the idempotency key
+in the request `_meta` as `keel/idempotencyKey`. Every way a call can fail
+(timeout, server unreachable or gone mid-call, protocol error, malformed
+result) is an error outcome naming the problem. Size limits are applied by
+the registry, not here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import re
+import shutil
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, TextIO, cast
+
+import anyio
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client import Transport
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+from mcp_types import CONNECTION_CLOSED, Implementation, RequestParamsMeta
+from pydantic import ValidationError
+
+from agent_io.tools.base import ToolCall, ToolOutcome, ToolSpec
+from agent_io.tools.mcp_results import BlobSink, MalformedResult, outcome_from_result
+
+if TYPE_CHECKING:  # the SDK's own names for these types live in private modules
+    from mcp.client._transport import TransportStreams
+    from mcp.shared._stream_protocols import ReadStream
+
+__all__ = ["IDEMPOTENCY_META_KEY", "BlobSink", "McpServerConfig", "McpSource", "McpSourceError"]
+
+IDEMPOTENCY_META_KEY = "keel/idempotencyKey"
+INHERITED_VARIABLES = ("PATH", "HOME", "LANG")
+CLIENT_INFO = Implementation(name="keel-runner", version="1")
+# Bound on the whole listing, and on starting a server before its first use.
+DEFAULT_CONNECT_TIMEOUT_S = 30.0
+# How long the server's stderr may stay open after it stopped (a grandchild can
+# hold it), and how long a caller waits to learn why a connection ended.
+_STDERR_GRACE_S = 2.0
+_FAILURE_GRACE_S = 2.0
+_LIST_PAGE_CAP = 100
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+log = logging.getLogger("keel.tools.mcp")
+
+
+@dataclass(frozen=True)
+class McpServerConfig:
+    """One MCP server of a loadout, with its variables already resolved."""
+
+    name: str
+    transport: Literal["stdio", "http"]
+    command: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    url: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    log_name: str = ""
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+
+    @property
+    def label(self) -> str:
+        return self.log_name or self.name
+
+
+class McpSourceError(Exception):
+    """The server could not be reached or listed (raised by `list_tools` only)."""
+
+
+class McpSource:
+    """The tools of one MCP server; one instance per tenant and loadout revision."""
+
+    def __init__(self, config: McpServerConfig, blob_sink: BlobSink | None = None) -> None:
+        self._config = config
+        self._blob_sink = blob_sink
+        self._specs: tuple[ToolSpec, ...] | None = None
+        self._listing = asyncio.Lock()
+        self._opening = asyncio.Lock()
+        self._connection: _Connection | None = None
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        return self._config.name
+
+    async def list_tools(self) -> Sequence[ToolSpec]:
+        """The server's tools, fetched on first use and cached after that; a
+        failure raises `McpSourceError` naming it, and the next use tries again."""
+        async with self._listing:
+            if self._specs is None:
+                self._specs = await self._fetch_specs()
+            return self._specs
+
+    async def _fetch_specs(self) -> tuple[ToolSpec, ...]:
+        timeout_s = self._config.connect_timeout_s
+        connection: _Connection | None = None
+        specs: list[ToolSpec] = []
+        try:
+            async with asyncio.timeout(timeout_s):
+                connection = await self._open()
+                client = await connection.client()
+                cursor: str | None = None
+                for _ in range(_LIST_PAGE_CAP):
+                    page = await client.list_tools(cursor=cursor)
+                    specs.extend(
+                        ToolSpec(t.name, t.description or "", t.input_schema) for t in page.tools
+                    )
+                    cursor = page.next_cursor
+                    if cursor is None:
+                        break
+        except TimeoutError:
+            raise McpSourceError(
+                f"{self._describe()}: no tool list within {timeout_s:g} s"
+            ) from None
+        except Exception as exc:
+            if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED and connection:
+                exc = _Unavailable(await connection.ended_because(exc.error.message))
+            raise McpSourceError(f"{self._describe()}: {_reason(exc)}") from None
+        return tuple(specs)
+
+    async def call(self, call: ToolCall, timeout_s: float) -> ToolOutcome:
+        # `_meta` is an open map on the wire; the SDK's TypedDict names only the reserved keys.
+        meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: call.idempotency_key})
+        connection: _Connection | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                connection = await self._open()
+                client = await connection.client()
+                result = await client.call_tool(call.name, dict(call.arguments), meta=meta)
+                return await outcome_from_result(result, self._blob_sink)
+        except TimeoutError:
+            return self._error(call, f"no result within {timeout_s:g} s")
+        except _Unavailable as exc:
+            return self._error(call, f"server unavailable: {exc}")
+        except MCPError as exc:
+            if exc.code != CONNECTION_CLOSED or connection is None:
+                return self._error(call, f"MCP error {exc.code}: {exc.error.message}")
+            why = await connection.ended_because(exc.error.message)
+            return self._error(call, f"the server went away during the call ({why})")
+        except (ValidationError, MalformedResult) as exc:
+            return self._error(call, f"malformed result: {_reason(exc)}")
+        except Exception as exc:  # the SDK's other refusals (output schema, input rounds)
+            return self._error(call, f"failed: {_reason(exc)}")
+
+    async def aclose(self) -> None:
+        self._closed = True
+        async with self._opening:
+            if self._connection is not None:
+                await self._connection.aclose()
+
+    def _error(self, call: ToolCall, problem: str) -> ToolOutcome:
+        return ToolOutcome(f"{self._config.name}.{call.name}: {problem}", is_error=True)
+
+    def _describe(self) -> str:
+        where = self._config.url if self._config.transport == "http" else "stdio"
+        return f"MCP server {self._config.name!r} ({where})"
+
+    async def _open(self) -> _Connection:
+        """The live connection, or a new one when there is none (or it ended)."""
+        async with self._opening:
+            if self._closed:
+                raise _Unavailable("the tool source is closed")
+            current = self._connection
+            if current is None or current.ended:
+                if current is not None:
+                    await current.aclose()  # the old child is gone before a new one starts
+                current = _Connection(self._config)
+                self._connection = current
+            return current
+
+
+class _Unavailable(Exception):
+    """The connection could not be made, or was closed before it was."""
+
+
+class _Connection:
+    """One session with the server, entered and left by a task of its own."""
+
+    def __init__(self, config: McpServerConfig) -> None:
+        self._config = config
+        self._ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
+        self._stop = asyncio.Event()
+        self._transport_ended = asyncio.Event()
+        self._scope = anyio.CancelScope(deadline=anyio.current_time() + config.connect_timeout_s)
+        self._failure: str | None = None
+        self._task = asyncio.create_task(self._run(), name=f"mcp-{config.label}")
+
+    @property
+    def ended(self) -> bool:
+        return self._task.done() or self._transport_ended.is_set() or self._stop.is_set()
+
+    async def client(self) -> Client:
+        return await asyncio.shield(self._ready)
+
+    async def ended_because(self, seen: str) -> str:
+        """Ends the connection, and says why it ended (what its task found, if
+        it tells within a moment, else what the caller `seen`)."""
+        self._stop.set()
+        await asyncio.wait((self._task,), timeout=_FAILURE_GRACE_S)
+        if self._failure:
+            return self._failure
+        generic = seen in ("", "Connection closed")
+        return "its process exited or the connection closed" if generic else seen
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        if not self._ready.done():
+            self._scope.cancel()  # still starting: stop waiting for it
+        await asyncio.wait((self._task,))  # leaves the task alone if this caller is cancelled
+
+    async def _run(self) -> None:
+        try:
+            with self._scope:
+                async with AsyncExitStack() as stack:
+                    client = await self._enter(stack)
+                    self._scope.deadline = math.inf
+                    self._ready.set_result(client)
+                    stopping = asyncio.ensure_future(self._stop.wait())
+                    ended = asyncio.ensure_future(self._transport_ended.wait())
+                    try:
+                        await asyncio.wait((stopping, ended), return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        stopping.cancel()
+                        ended.cancel()
+            if self._scope.cancelled_caught and not self._ready.done():
+                self._failure = (
+                    "closed while starting"
+                    if self._stop.is_set()
+                    else f"not started within {self._config.connect_timeout_s:g} s"
+                )
+        except Exception as exc:  # a dead server or connection is an outcome, not a crash
+            self._failure = _reason(exc)
+            log.warning("%s: connection ended: %s", self._config.label, self._failure)
+        finally:
+            if not self._ready.done():
+                self._ready.set_exception(_Unavailable(self._failure or "closed while starting"))
+                self._ready.exception()  # read here, so an unawaited start never warns
+
+    async def _enter(self, stack: AsyncExitStack) -> Client:
+        if self._config.transport == "stdio":
+            transport = await self._stdio(stack)
+        else:
+            transport = await self._http(stack)
+        client = Client(
+            _watched(transport, self._transport_ended), cache=None, client_info=CLIENT_INFO
+        )
+        return await stack.enter_async_context(client)
+
+    async def _stdio(self, stack: AsyncExitStack) -> Transport:
+        params = _child_parameters(self._config)
+        read_fd, write_fd = os.pipe()
+        errlog: TextIO = os.fdopen(write_fd, "w")
+        try:
+            reader = await _StderrLog.start(read_fd, self._config.label)
+        except BaseException:
+            errlog.close()
+            raise
+        # Runs last: the server has stopped by then, so its stderr reaches EOF.
+        stack.push_async_callback(reader.finish)
+        inner = stdio_client(params, errlog=errlog)
+
+        @asynccontextmanager
+        async def spawned() -> AsyncIterator[TransportStreams]:
+            try:
+                async with inner as streams:
+                    errlog.close()  # the child holds its own copy now
+                    yield streams
+            finally:
+                errlog.close()
+
+        return spawned()
+
+    async def _http(self, stack: AsyncExitStack) -> Transport:
+        http = httpx2.AsyncClient(
+            headers=dict(self._config.headers), timeout=httpx2.Timeout(30.0, read=300.0)
+        )
+        await stack.enter_async_context(http)
+        return streamable_http_client(self._config.url, http_client=http)
+
+
+def _child_parameters(config: McpServerConfig) -> StdioServerParameters:
+    """`env -i NAME=VALUE... /path/to/server ARGS...`, checked before anything starts."""
+    if not config.command:
+        raise _Unavailable("no command configured")
+    env = {n: os.environ[n] for n in INHERITED_VARIABLES if n in os.environ}
+    env.update(config.env)
+    for name in env:
+        if not _VARIABLE_NAME.fullmatch(name):
+            raise _Unavailable(f"invalid environment variable name {name!r}")
+    executable = shutil.which(config.command[0], path=env.get("PATH", os.defpath))
+    if executable is None:
+        raise _Unavailable(f"command not found: {config.command[0]!r}")
+    executable = os.path.abspath(executable)
+    launcher = shutil.which("env") or "/usr/bin/env"
+    if "=" in executable:  # `env` would read it as one more variable
+        raise _Unavailable(f"cannot start a command whose path contains '=': {executable}")
+    assignments = [f"{name}={value}" for name, value in env.items()]
+    return StdioServerParameters(
+        command=launcher, args=["-i", *assignments, executable, *config.command[1:]]
+    )
+
+
+class _StderrLog:
+    """Logs each line a child writes on stderr as one record."""
+
+    def __init__(self, transport: asyncio.ReadTransport, task: asyncio.Task[None]) -> None:
+        self._transport = transport
+        self._task = task
+
+    @classmethod
+    async def start(cls, fd: int, label: str) -> _StderrLog:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=1 << 20)
+        pipe = os.fdopen(fd, "rb")
+        try:
+            transport, _ = await loop.connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), pipe
+            )
+        except BaseException:
+            pipe.close()
+            raise
+        task = asyncio.create_task(cls._pump(reader, label), name=f"mcp-stderr-{label}")
+        return cls(transport, task)
+
+    @staticmethod
+    async def _pump(reader: asyncio.StreamReader, label: str) -> None:
+        while True:
+            try:
+                line = await reader.readline()
+            except ValueError:  # asyncio dropped a line longer than the reader's limit
+                log.info("%s: [a stderr line over 1 MiB was dropped]", label)
+                continue
+            if not line:
+                return
+            text = line.decode(errors="replace").rstrip("\r\n")
+            log.info("%s: %s", label, text, extra={"mcp_server": label})
+
+    async def finish(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_STDERR_GRACE_S):
+                await asyncio.shield(self._task)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._transport.close()
+
+
+class _EndWatchingReader:
+    """A transport's read stream that reports when it reaches its end."""
+
+    def __init__(self, inner: ReadStream[SessionMessage | Exception], ended: asyncio.Event):
+        self._inner = inner
+        self._ended = ended
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> SessionMessage | Exception:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._ended.set()
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _EndWatchingReader:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> _EndWatchingReader:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+@asynccontextmanager
+async def _watched(transport: Transport, ended: asyncio.Event) -> AsyncIterator[TransportStreams]:
+    """The transport, with `ended` set when the server side closes the stream."""
+    try:
+        async with transport as (read_stream, write_stream):
+            yield _EndWatchingReader(read_stream, ended), write_stream
+    finally:
+        ended.set()
+
+
+def _reason(exc: BaseException) -> str:
+    """A one-line description, looking through the task groups' exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, MCPError):
+        return f"MCP error {exc.code}: {exc.error.message}"
+    if isinstance(exc, ValidationError):
+        return f"{exc.error_count()} validation error(s): {exc.errors()[0]['msg']}"
+    # The first line: some messages go on with a whole schema or traceback.
+    text = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+    return (
+        text if isinstance(exc, _Unavailable | MalformedResult) else f"{type(exc).__name__}: {text}"
+    )
