@@ -76,8 +76,7 @@ def test_part_never_imports_what_depends_on_it(part: str) -> None:
 
 @pytest.mark.parametrize("package", SELF_CONTAINED)
 def test_shipped_packages_depend_only_on_the_contract(package: str) -> None:
-    if not (ROOT / package).is_dir():
-        pytest.skip(f"{package} is not part of this build")
+    assert _modules(package), f"{package} has no modules: the rule checks nothing"
     broken = [
         f"{path.relative_to(ROOT)} imports {module}"
         for path in _modules(package)
