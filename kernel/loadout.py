@@ -6,6 +6,15 @@ refusal is an `InvalidLoadout` whose `field` is the path of the offending
 value (`model.provider`, `tools[1].transport`, `compaction.threshold`), so an
 editor or a CLI can point at it.
 
+Tools come from sources (`tools`): the runner's built-ins (plain names, or
+`{source: builtin, names: [...]}`), MCP servers (`source: mcp`, over `stdio`
+or streamable `http`) and gRPC ToolServices (`source: grpc`). The model sees
+an MCP or gRPC source's tools as `<name>.<tool>` (`files.read`), so a source
+name has no dot, is unique in the document and is not a built-in's name; every
+source may set `timeoutMs` (per call, at most an hour), `maxResultBytes` and
+`requireApproval` (its tools' own names, without the prefix). Which commands
+and targets a source may use is the operator's policy (kernel.loadout_secrets).
+
 Secrets never appear in a loadout: it names the environment variable of the
 runner that holds them (`apiKeyEnv`, `headersEnv`, an MCP child's `env`).
 Such a name is `[A-Z_][A-Z0-9_]*` and never starts with `KEEL_`, so a
@@ -41,11 +50,14 @@ _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 _RESERVED_ENV_PREFIX = "KEEL_"
 # An HTTP header name (RFC 9110 token).
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_TOOL_SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+# No dot: the dot separates a source's name from its tools' names.
+_TOOL_SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]{0,31}")
 _SHOWN_CHARS = 60
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
 # Counts are stored in 32-bit columns (admission slots) or sent to SDKs.
 MAX_INTEGER = 2**31 - 1
+# The longest per-call tool timeout a loadout may set: an hour.
+MAX_TOOL_TIMEOUT_MS = 3_600_000
 
 Check = Callable[[Any, str], None]
 
@@ -199,8 +211,11 @@ def _tool_source_name(value: Any, field: str) -> None:
     if not _TOOL_SOURCE_NAME.fullmatch(value):
         raise _refuse(
             field,
-            f"must be 1-64 letters, digits or '_.-', starting alphanumeric; got {_shown(value)}",
+            "must be 1-32 letters, digits, '_' or '-', starting with a letter or digit "
+            f"(no '.': tools are named <source>.<tool>); got {_shown(value)}",
         )
+    if value in BUILTIN_TOOLS:
+        raise _refuse(field, f"{value} is the name of a built-in tool; choose another name")
 
 
 def _builtin_name(value: Any, field: str) -> None:
@@ -303,6 +318,23 @@ def _admission(value: Any, field: str) -> None:
 
 
 _APPROVALS = _list_of(_non_empty_string)
+# What every source may set, whatever its kind.
+_SOURCE_LIMITS: dict[str, Check] = {
+    "requireApproval": _APPROVALS,
+    "timeoutMs": _integer(1, MAX_TOOL_TIMEOUT_MS),
+    "maxResultBytes": _positive,
+}
+
+
+def _unprefixed_approvals(value: dict[str, Any], field: str) -> None:
+    """`requireApproval` names a source's tools as the source knows them."""
+    name = value.get("name")
+    for index, tool in enumerate(value.get("requireApproval") or ()):
+        if isinstance(name, str) and tool.startswith(f"{name}."):
+            raise _refuse(
+                f"{field}.requireApproval[{index}]",
+                f"names tools without the source's prefix: {tool[len(name) + 1 :]!r}, not {tool!r}",
+            )
 
 
 def _mcp_source(value: dict[str, Any], field: str) -> None:
@@ -314,7 +346,7 @@ def _mcp_source(value: dict[str, Any], field: str) -> None:
         "source": _string,
         "name": _tool_source_name,
         "transport": _string,
-        "requireApproval": _APPROVALS,
+        **_SOURCE_LIMITS,
     }
     if transport == "stdio":
         fields = {
@@ -331,6 +363,7 @@ def _mcp_source(value: dict[str, Any], field: str) -> None:
         if name not in fields and name in ("command", "env", "url", "headersEnv"):
             raise _refuse(f"{field}.{name}", f"does not apply to the {transport} transport")
     _object(value, field, fields, required)
+    _unprefixed_approvals(value, field)
 
 
 def _grpc_source(value: dict[str, Any], field: str) -> None:
@@ -341,10 +374,26 @@ def _grpc_source(value: dict[str, Any], field: str) -> None:
             "source": _string,
             "name": _tool_source_name,
             "target": _target,
-            "requireApproval": _APPROVALS,
+            **_SOURCE_LIMITS,
         },
         required=("name", "target"),
     )
+    _unprefixed_approvals(value, field)
+
+
+def _builtin_source(value: dict[str, Any], field: str) -> None:
+    _object(
+        value,
+        field,
+        {"source": _string, "names": _list_of(_builtin_name), **_SOURCE_LIMITS},
+        ("names",),
+    )
+    for index, name in enumerate(value.get("requireApproval") or ()):
+        if name not in value["names"]:
+            raise _refuse(
+                f"{field}.requireApproval[{index}]",
+                f"{_shown(name)} is not one of this item's names",
+            )
 
 
 def _tool(value: Any, field: str) -> None:
@@ -358,16 +407,43 @@ def _tool(value: Any, field: str) -> None:
     if source is None:
         raise _refuse(f"{field}.source", "is required (builtin, mcp or grpc)")
     if source == "builtin":
-        _object(value, field, {"source": _string, "names": _list_of(_builtin_name)}, ("names",))
-        return
-    if source == "mcp":
+        _builtin_source(value, field)
+    elif source == "mcp":
         _mcp_source(value, field)
     elif source == "grpc":
         _grpc_source(value, field)
     else:
         raise _refuse(f"{field}.source", f"must be builtin, mcp or grpc, got {_shown(source)}")
-    # Checked in full above, so the document is right the day these land.
-    raise _refuse(f"{field}.source", f"tool source {source} is not supported by this version")
+
+
+def _tools(value: Any, field: str) -> None:
+    """Every item, then the names the model will see: no two sources of one
+    name, no built-in enabled twice."""
+    _list_of(_tool)(value, field)
+    sources: dict[str, int] = {}
+    builtins: dict[str, int] = {}
+    for index, item in enumerate(value):
+        path = f"{field}[{index}]"
+        if isinstance(item, str):
+            named: list[tuple[str, str]] = [(item, path)]
+        elif item.get("source") == "builtin":
+            named = [(n, f"{path}.names[{i}]") for i, n in enumerate(item["names"])]
+        else:
+            named = []
+            name = item["name"]
+            if name in sources:
+                raise _refuse(
+                    f"{path}.name",
+                    f"{_shown(name)} is already the name of {field}[{sources[name]}]",
+                )
+            sources[name] = index
+        for builtin, where in named:
+            if builtin in builtins:
+                raise _refuse(
+                    where,
+                    f"the built-in {builtin} is already enabled by {field}[{builtins[builtin]}]",
+                )
+            builtins[builtin] = index
 
 
 _TOP_LEVEL: dict[str, Check] = {
@@ -375,7 +451,7 @@ _TOP_LEVEL: dict[str, Check] = {
     "model": _model,
     "compaction": _compaction,
     "admission": _admission,
-    "tools": _list_of(_tool),
+    "tools": _tools,
     # Older documents set the admission limit at the top level.
     "maxConcurrentRuns": _positive,
 }

@@ -13,6 +13,13 @@ written (PutLoadout, with the tenant's id), and the runner applies the same
 rules again when it reads the secret (agent_io.providers), so a grant
 the operator withdraws later takes effect without rewriting any loadout.
 
+A tool source picks what a runner executes and where it connects: an MCP
+server's stdio `command` must be one the operator allows this tenant
+(`KEEL_MCP_COMMANDS`, an exact whole-command match), an MCP `url` and a gRPC
+`target` must be allowed by `KEEL_TOOL_TARGETS`; both are closed by default
+(services.common.secrets). The runner applies the same checks again when it
+builds the source.
+
 A model of kind openai or anthropic without `apiKeyEnv` reads the default
 variable (`DEFAULT_KEY_ENV`); without `baseUrl` it calls the official API
 (`OFFICIAL_BASE_URL`). With a `baseUrl` and no `apiKeyEnv` it is a server
@@ -30,8 +37,10 @@ from services.common.secrets import (
     DEFAULT_KEY_ENV,
     OFFICIAL_BASE_URL,
     SecretPolicy,
+    command_refused,
     not_granted,
     origin_refused,
+    target_refused,
 )
 
 
@@ -73,6 +82,17 @@ def _check_model(model: Mapping[str, Any], tenant_id: str, policy: SecretPolicy)
 
 
 def _check_tool(tool: Mapping[str, Any], field: str, tenant_id: str, policy: SecretPolicy) -> None:
+    source = tool.get("source")
+    command, url, target = tool.get("command"), tool.get("url"), tool.get("target")
+    if source == "mcp" and isinstance(command, list) and command:
+        argv = [str(arg) for arg in command]
+        if not policy.allows_command(tenant_id, argv):
+            raise _refuse(f"{field}.command", command_refused(tenant_id, argv))
+    if source == "mcp" and isinstance(url, str) and not policy.allows_tool_url(tenant_id, url):
+        raise _refuse(f"{field}.url", target_refused(tenant_id, url))
+    allowed_target = isinstance(target, str) and policy.allows_tool_target(tenant_id, target)
+    if source == "grpc" and isinstance(target, str) and not allowed_target:
+        raise _refuse(f"{field}.target", target_refused(tenant_id, target))
     for key in ("headersEnv", "env"):
         names = tool.get(key)
         if isinstance(names, Mapping):
@@ -84,8 +104,9 @@ def check_loadout_secrets(
     document: Mapping[str, Any], tenant_id: str, policy: SecretPolicy
 ) -> None:
     """Refuses (InvalidLoadout naming the field) a loadout naming a variable
-    the operator has not granted to `tenant_id`, or a provider origin it does
-    not allow. `document` is one the schema accepted."""
+    the operator has not granted to `tenant_id`, a provider origin it does
+    not allow, or a tool source's command or target it has not allowed.
+    `document` is one the schema accepted."""
     model = document.get("model")
     if isinstance(model, Mapping):
         _check_model(model, tenant_id, policy)

@@ -23,6 +23,7 @@ from agent_io.providers.base import ToolSpec
 __all__ = [
     "DEFAULT_MAX_RESULT_BYTES",
     "DEFAULT_TOOL_TIMEOUT_S",
+    "BlobSink",
     "ToolCall",
     "ToolOutcome",
     "ToolSource",
@@ -65,6 +66,13 @@ class ToolOutcome:
     structured: Mapping[str, Any] | None = None
     # Blob ids of images or resources the tool returned, stored as blobs.
     blobs: tuple[str, ...] = ()
+
+
+class BlobSink(Protocol):
+    """Where binary parts of a tool result go (images, embedded resources);
+    returns the id of the stored blob."""
+
+    async def store(self, data: bytes, media_type: str) -> str: ...
 
 
 class ToolSource(Protocol):

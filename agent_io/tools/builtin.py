@@ -3,6 +3,9 @@
 `counter` is the model of an effectful tool under at-least-once execution:
 its effect happens once per idempotency key, while it records how many times
 it really ran, so tests can tell a repeated execution from a repeated effect.
+
+`BuiltinSource` serves the built-ins a loadout item enables as a ToolSource,
+so the registry treats them like any other source (their names unprefixed).
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from typing import Any
 
 from agent_io.tools.base import ToolCall, ToolOutcome, ToolSpec
 
+__all__ = ["BUILTIN_NAMES", "BuiltinSource", "CounterStore", "Tool", "builtin_tools"]
+
+BUILTIN_NAMES = ("clock", "sleep", "counter")
 MAX_SLEEP_S = 600.0
 
 ToolFunction = Callable[[ToolCall], Awaitable[ToolOutcome]]
@@ -143,3 +149,30 @@ def builtin_tools(counter_store: CounterStore) -> dict[str, Tool]:
             counter,
         ),
     }
+
+
+class BuiltinSource:
+    """The built-ins one loadout item enables, as a ToolSource."""
+
+    def __init__(self, tools: Mapping[str, Tool], names: Sequence[str], name: str = "builtin"):
+        self._name = name
+        self._tools = {n: tools[n] for n in names if n in tools}
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    async def list_tools(self) -> Sequence[ToolSpec]:
+        return tuple(tool.spec for tool in self._tools.values())
+
+    async def call(self, call: ToolCall, timeout_s: float) -> ToolOutcome:
+        tool = self._tools.get(call.name)
+        if tool is None:
+            return ToolOutcome(f"unknown tool {call.name!r}", is_error=True)
+        try:
+            return await asyncio.wait_for(tool.run(call), timeout_s)
+        except TimeoutError:
+            return ToolOutcome(f"{call.name} timed out after {timeout_s:g} s", is_error=True)
+
+    async def aclose(self) -> None:
+        """Nothing to close: the built-ins run inside the runner."""

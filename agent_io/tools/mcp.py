@@ -48,8 +48,8 @@ from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED, Implementation, RequestParamsMeta
 from pydantic import ValidationError
 
-from agent_io.tools.base import ToolCall, ToolOutcome, ToolSpec
-from agent_io.tools.mcp_results import BlobSink, MalformedResult, outcome_from_result
+from agent_io.tools.base import BlobSink, ToolCall, ToolOutcome, ToolSpec
+from agent_io.tools.mcp_results import MalformedResult, outcome_from_result
 
 if TYPE_CHECKING:  # the SDK's own names for these types live in private modules
     from mcp.client._transport import TransportStreams

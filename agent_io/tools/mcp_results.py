@@ -15,7 +15,7 @@ import base64
 import binascii
 import json
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from mcp_types import (
     AudioContent,
@@ -28,15 +28,9 @@ from mcp_types import (
     TextResourceContents,
 )
 
-from agent_io.tools.base import ToolOutcome
+from agent_io.tools.base import BlobSink, ToolOutcome
 
 __all__ = ["BlobSink", "MalformedResult", "outcome_from_result"]
-
-
-class BlobSink(Protocol):
-    """Where binary parts of a tool result go; returns the id of the stored blob."""
-
-    async def store(self, data: bytes, media_type: str) -> str: ...
 
 
 class MalformedResult(Exception):

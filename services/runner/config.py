@@ -1,12 +1,25 @@
-"""Runner settings (frozen: a running runner never sees them change)."""
+"""Runner settings (frozen: a running runner never sees them change).
+
+Tools: `KEEL_TOOL_TIMEOUT_S` is a call's timeout when its loadout source sets
+no `timeoutMs` (default 60 s); `KEEL_TOOL_MAX_RESULT_BYTES` the most a tool
+result may hold before it is cut with a note (default 64 KiB; a source's
+`maxResultBytes` may lower it, never raise it); `KEEL_TOOL_TOKEN` is sent to
+gRPC ToolServices as `x-keel-tool-token` (a credential of its own: a tenant
+chooses those targets, so Keel's internal token is never sent to them). The
+operator's policy on tool commands and targets is part of the shared
+settings (services.common.secrets: `KEEL_MCP_COMMANDS`, `KEEL_TOOL_TARGETS`).
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+from agent_io.tools.base import DEFAULT_MAX_RESULT_BYTES, DEFAULT_TOOL_TIMEOUT_S
 
 SigtermMode = Literal["shutdown", "handoff"]
 DEFAULT_DRAIN_DEADLINE_MS = 30_000
@@ -21,7 +34,12 @@ class RunnerConfig:
     concurrency: int = 8
     # Long-poll of one Claim call.
     claim_wait_ms: int = 1000
-    tool_timeout_s: float = 30.0
+    # A tool call's timeout when its source sets none (KEEL_TOOL_TIMEOUT_S).
+    tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S
+    # The most a tool result holds before it is cut (KEEL_TOOL_MAX_RESULT_BYTES).
+    tool_max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
+    # Sent to gRPC ToolServices (KEEL_TOOL_TOKEN; "" sends none).
+    tool_token: str = field(default="", repr=False)
     # What SIGTERM means: stop in-flight attempts where they are, or hand
     # them off at their next commit boundary.
     sigterm_mode: SigtermMode = "shutdown"
@@ -55,7 +73,11 @@ class RunnerConfig:
             runtime_id=env.get("KEEL_RUNTIME_ID", ""),
             concurrency=int(env.get("KEEL_RUNNER_CONCURRENCY", "8")),
             claim_wait_ms=int(env.get("KEEL_CLAIM_WAIT_MS", "1000")),
-            tool_timeout_s=float(env.get("KEEL_TOOL_TIMEOUT_S", "30")),
+            tool_timeout_s=_positive_number(env, "KEEL_TOOL_TIMEOUT_S", DEFAULT_TOOL_TIMEOUT_S),
+            tool_max_result_bytes=int(
+                _positive_number(env, "KEEL_TOOL_MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES)
+            ),
+            tool_token=env.get("KEEL_TOOL_TOKEN", ""),
             sigterm_mode=mode,  # type: ignore[arg-type]
             handoff_deadline_ms=deadline,
             default_context_window=int(env.get("KEEL_CONTEXT_WINDOW", "128000")),
@@ -63,6 +85,19 @@ class RunnerConfig:
             cached_facts=int(env.get("KEEL_RUNNER_CACHED_FACTS", "100000")),
             advertise_address=env.get("KEEL_ADVERTISE_ADDRESS", ""),
         )
+
+
+def _positive_number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "")
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive number, got {raw!r}")
+    return value
 
 
 def drain_deadline_ms(env: Mapping[str, str] | None = None) -> int:

@@ -8,6 +8,11 @@ attempt at once, with every task it started, and drops its partials.
 Draining (services/runner/drain.py) stops the claim loop and settles or
 stops what runs; once a drain has finished, `finished` is set and whoever
 runs this runtime replaces it.
+
+Tools: each attempt holds the registry of its tenant's loadout revision from
+the runtime's `ToolCatalog` (agent_io.tools.catalog), built under the
+operator's policy; the sources of a finished drain, or of a stopped runtime,
+are closed (MCP children exit).
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from agent_io.providers import (
     ProviderError,
     provider_from_loadout,
 )
-from agent_io.tools import CounterStore, Tool, ToolRegistry, builtin_tools
+from agent_io.tools import CounterStore, ToolCatalog, builtin_tools
+from agent_io.tools.factory import SourceFactory, ToolDefaults
 from kernel import KernelClient, Lease
 from services.blob_parts import BlobContent
-from services.blobs import blob_store
+from services.blobs import BlobStore, blob_store
 from services.common import faults
 from services.common.config import Settings
 from services.common.errors import KeelError
@@ -85,9 +91,15 @@ class Runtime:
         self._running: dict[str, Running] = {}
         self._slots = asyncio.Semaphore(config.concurrency)
         self._providers: dict[str, Provider] = {}
-        self._tools: Mapping[str, Tool] = builtin_tools(
-            CounterStore(Path(settings.data_dir) / "counter.sqlite3")
+        tools = SourceFactory(
+            builtin_tools(CounterStore(Path(settings.data_dir) / "counter.sqlite3")),
+            settings.secrets,
+            os.environ,
+            ToolDefaults(config.tool_timeout_s, config.tool_max_result_bytes, config.tool_token),
+            blob_sinks=self._blob_sink,
         )
+        self.tool_catalog = ToolCatalog(tools.slots)
+        self._close_tools_task: asyncio.Task[None] | None = None
         # Set in start(): opening the store may create its table (blocking).
         self.blobs: BlobContent | None = None
         self._claim_task: asyncio.Task[None] | None = None
@@ -136,7 +148,19 @@ class Runtime:
         await self._attachment.wait_connected()
         self._start_claiming()
         faults.on_drain(self._drain_at_fault_point)
+        self._close_tools_task = asyncio.create_task(
+            self._close_tools_when_drained(), name="close-tools-when-drained"
+        )
         return self
+
+    async def _close_tools_when_drained(self) -> None:
+        # However the drain came (a Drain call, SIGTERM, a fault point), no
+        # attempt runs once it has finished: tool sources can go.
+        await self.finished.wait()
+        await self.tool_catalog.aclose()
+
+    def _blob_sink(self, tenant_id: str) -> TenantBlobSink | None:
+        return None if self.blobs is None else TenantBlobSink(self.blobs.store, tenant_id)
 
     def _drain_at_fault_point(self) -> None:
         # Marked draining before returning, so the boundary check that
@@ -162,6 +186,9 @@ class Runtime:
         await self._drainer.close()
         await self._stop_claiming()
         await cancel_and_wait([r.task for r in self._running.values()])
+        if self._close_tools_task is not None:
+            await cancel_and_wait([self._close_tools_task])
+        await self.tool_catalog.aclose()
         self.hub.close_all()
         if self._attachment is not None:
             await self._attachment.close()
@@ -291,20 +318,21 @@ class Runtime:
             self.fact_cache.load(lease.session_id),
         )
         loadout = Loadout.from_document(document.revision, document.document)
-        tools = ToolRegistry.for_loadout(
-            loadout.tool_names, self._tools, self.config.tool_timeout_s
-        )
         provider = self._provider(lease.tenant_id, loadout.model)
-        attempt = Attempt(services, lease, loadout, provider, tools)
-        attempt.facts, attempt.parsed = history.facts, history.parsed
-        running = self._running.get(lease.session_id)
-        if running is not None:
-            running.attempt = attempt
-        try:
-            await self._work(attempt)
-        finally:
-            # Whatever the outcome, every fact it holds was committed.
-            self.fact_cache.keep(lease.session_id, SessionHistory(attempt.facts, attempt.parsed))
+        # Held for the attempt: the revision's sources stay open until it ends.
+        async with self.tool_catalog.registry(lease.tenant_id, loadout) as tools:
+            attempt = Attempt(services, lease, loadout, provider, tools)
+            attempt.facts, attempt.parsed = history.facts, history.parsed
+            running = self._running.get(lease.session_id)
+            if running is not None:
+                running.attempt = attempt
+            try:
+                await self._work(attempt)
+            finally:
+                # Whatever the outcome, every fact it holds was committed.
+                self.fact_cache.keep(
+                    lease.session_id, SessionHistory(attempt.facts, attempt.parsed)
+                )
 
     async def _work(self, attempt: Attempt) -> None:
         lease = attempt.lease
@@ -382,6 +410,10 @@ async def drive(attempt: Attempt) -> None:
     committing after the attempt is over."""
     if not await attempt.start():
         return
+    # Work is owed: the model is offered every tool of the loadout. Sources
+    # are opened and listed here, once per loadout revision (not for a
+    # wake-up that finds nothing to do), under the lease renewal.
+    await attempt.tools.prepare()
     while True:
         seen_cancel = max((f.seq for f in attempt.facts if f.kind == "cancelled"), default=0)
         work = asyncio.create_task(attempt.run_turns(), name=f"turns-{attempt.session_id}")
@@ -412,3 +444,21 @@ async def _cancel_arrives(attempt: Attempt, seen_cancel: int) -> None:
     async for fact in attempt.services.ledger.subscribe(attempt.session_id, after):
         if fact.kind == "cancelled" and fact.seq > seen_cancel:
             return
+
+
+class TenantBlobSink:
+    """Where a tool's images and binary resources go: the tenant's blobs,
+    which the model is shown like uploads."""
+
+    def __init__(self, store: BlobStore, tenant_id: str) -> None:
+        self._store = store
+        self._tenant_id = tenant_id
+
+    async def store(self, data: bytes, media_type: str) -> str:
+        def write() -> str:
+            info = self._store.create(self._tenant_id, len(data), media_type)
+            if data:
+                self._store.append(self._tenant_id, info.id, 0, data)
+            return info.id
+
+        return await asyncio.to_thread(write)

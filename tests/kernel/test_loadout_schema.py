@@ -13,9 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_io.loadout import Loadout
+from agent_io.loadout import BUILTIN_SOURCE, Loadout, ToolSourceItem
 from agent_io.providers import provider_from_loadout
 from agent_io.tools import CounterStore, builtin_tools
+from agent_io.tools.factory import SourceFactory
 from compaction.policy.trigger import settings_from_dict
 from kernel import DEFAULT_LOADOUT, InvalidArgument, InvalidLoadout, validate_loadout
 from kernel.loadout import BUILTIN_TOOLS
@@ -32,6 +33,11 @@ POLICY = (
     .with_grant(TENANT, "ANTHROPIC_API_KEY")
     .with_origin("http://127.0.0.1:9999")
     .with_origin("http://127.0.0.1:1")
+    .with_grant(TENANT, "FILES_TOKEN")
+    .with_grant(TENANT, "SEARCH_TOKEN")
+    .with_command(["python", "-m", "my_mcp_server"])
+    .with_tool_target("http://search.internal")
+    .with_tool_target("billing.internal:7000")
 )
 
 FULL: dict[str, Any] = {
@@ -185,15 +191,35 @@ MCP_HTTP = {
 GRPC = {"source": "grpc", "name": "billing", "target": "billing.internal:7000"}
 
 
-@pytest.mark.parametrize(
-    ("source", "kind"), [(MCP_STDIO, "mcp"), (MCP_HTTP, "mcp"), (GRPC, "grpc")]
-)
-def test_valid_mcp_and_grpc_sources_are_refused_as_not_supported_yet(
-    source: dict[str, Any], kind: str
-) -> None:
-    error = refused({"tools": ["clock", source]})
-    assert error.metadata["field"] == "tools[1].source"
-    assert f"tool source {kind} is not supported by this version" in error.message
+def test_mcp_and_grpc_sources_are_accepted_with_their_limits() -> None:
+    limits = {"timeoutMs": 3_600_000, "maxResultBytes": 1, "requireApproval": ["charge"]}
+    document = {
+        "tools": [
+            {"source": "builtin", "names": ["counter"], "requireApproval": ["counter"]},
+            "clock",
+            MCP_STDIO,
+            MCP_HTTP,
+            {**GRPC, **limits},
+            {**GRPC, "name": "billing-2_B", "target": "grpcs://billing.internal:7000"},
+        ]
+    }
+    assert validate_loadout(copy.deepcopy(document)) == document
+    check_loadout_secrets(document, TENANT, POLICY)
+    sources = Loadout.from_document(4, document).tool_sources
+    assert [(s.source, s.name) for s in sources] == [
+        ("builtin", BUILTIN_SOURCE),
+        ("builtin", BUILTIN_SOURCE),
+        ("mcp", "files"),
+        ("mcp", "search"),
+        ("grpc", "billing"),
+        ("grpc", "billing-2_B"),
+    ]
+    assert sources[0].require_approval == {"counter"}
+    assert sources[2].command == ("python", "-m", "my_mcp_server")
+    assert sources[2].env == {"FILES_TOKEN": "FILES_TOKEN"}
+    assert sources[3].headers_env == {"Authorization": "SEARCH_TOKEN"}
+    assert (sources[4].timeout_ms, sources[4].max_result_bytes) == (3_600_000, 1)
+    assert sources[4].require_approval == {"charge"}
 
 
 @pytest.mark.parametrize(
@@ -213,10 +239,46 @@ def test_valid_mcp_and_grpc_sources_are_refused_as_not_supported_yet(
         ({k: v for k, v in GRPC.items() if k != "target"}, "tools[0].target"),
         ({**GRPC, "target": "has space:1"}, "tools[0].target"),
         ({**GRPC, "transport": "stdio"}, "tools[0].transport"),
+        # names: no dot (it separates source and tool), not a built-in's
+        ({**GRPC, "name": "bill.ing"}, "tools[0].name"),
+        ({**GRPC, "name": "-billing"}, "tools[0].name"),
+        ({**GRPC, "name": "b" * 33}, "tools[0].name"),
+        ({**MCP_STDIO, "name": "counter"}, "tools[0].name"),
+        # limits, on every kind of source
+        ({**GRPC, "timeoutMs": 0}, "tools[0].timeoutMs"),
+        ({**GRPC, "timeoutMs": 3_600_001}, "tools[0].timeoutMs"),
+        ({**MCP_HTTP, "timeoutMs": 1.5}, "tools[0].timeoutMs"),
+        ({**MCP_STDIO, "maxResultBytes": 0}, "tools[0].maxResultBytes"),
+        ({**GRPC, "maxResultBytes": "64k"}, "tools[0].maxResultBytes"),
+        ({"source": "builtin", "names": ["clock"], "timeoutMs": -1}, "tools[0].timeoutMs"),
+        # approvals name a source's own tools
+        ({**GRPC, "requireApproval": ["billing.charge"]}, "tools[0].requireApproval[0]"),
+        ({**MCP_STDIO, "requireApproval": [""]}, "tools[0].requireApproval[0]"),
+        (
+            {"source": "builtin", "names": ["clock"], "requireApproval": ["counter"]},
+            "tools[0].requireApproval[0]",
+        ),
     ],
 )
 def test_mcp_and_grpc_sources_are_checked_in_full(source: dict[str, Any], field: str) -> None:
     assert refused({"tools": [source]}).metadata["field"] == field
+
+
+@pytest.mark.parametrize(
+    ("tools", "field", "says"),
+    [
+        ([GRPC, {**MCP_HTTP, "name": "billing"}], "tools[1].name", "already the name of tools[0]"),
+        (["clock", MCP_STDIO, MCP_STDIO], "tools[2].name", "already the name of tools[1]"),
+        (["clock", {"source": "builtin", "names": ["clock"]}], "tools[1].names[0]", "clock"),
+        (["sleep", "sleep"], "tools[1]", "already enabled by tools[0]"),
+        ([{**GRPC, "name": "clock"}], "tools[0].name", "built-in tool"),
+    ],
+)
+def test_names_the_model_would_see_twice_are_refused(
+    tools: list[Any], field: str, says: str
+) -> None:
+    error = refused({"tools": tools})
+    assert error.metadata["field"] == field and says in error.message
 
 
 def test_the_document_itself_must_be_an_object() -> None:
@@ -239,9 +301,14 @@ def test_the_schema_knows_exactly_the_runners_builtin_tools(tmp_path: Path) -> N
 
 def test_the_runner_reads_tools_of_both_shapes() -> None:
     loadout = Loadout.from_document(3, FULL)
-    assert loadout.tool_names == ("clock", "counter", "sleep")
-    assert Loadout.from_document(1, {"tools": []}).tool_names == ()
-    assert Loadout.from_document(1, {}).tool_names == ("clock", "sleep", "counter")
+    assert loadout.tool_sources == (
+        ToolSourceItem.builtins(("clock", "counter")),
+        ToolSourceItem.builtins(("sleep",)),
+    )
+    assert Loadout.from_document(1, {"tools": []}).tool_sources == ()
+    assert Loadout.from_document(1, {}).tool_sources == (
+        ToolSourceItem.builtins(("clock", "sleep", "counter")),
+    )
 
 
 @pytest.mark.parametrize(
@@ -310,6 +377,8 @@ names = st.sampled_from(
         "headersEnv",
         "target",
         "requireApproval",
+        "timeoutMs",
+        "maxResultBytes",
     ]
 )
 shaped = st.recursive(
@@ -349,6 +418,8 @@ def _accepted_or_refused(document: Any) -> None:
     # What the schema accepts, the runner and the compaction service can use.
     loadout = Loadout.from_document(1, accepted)
     settings_from_dict(loadout.compaction)
+    slots = SourceFactory({}, POLICY, {}).slots(TENANT, loadout)
+    assert [slot.name for slot in slots] == [item.name for item in loadout.tool_sources]
     model = dict(loadout.model)
     if model.get("provider", "scripted") != "scripted":
         model["baseUrl"] = "http://127.0.0.1:1/v1"  # so no API key is needed

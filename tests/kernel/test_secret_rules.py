@@ -1,5 +1,7 @@
 """The operator's secret rules, where a loadout is written (the kernel) and
-where its secret is read (the runner's provider factory); and weak API keys.
+where its secret is read (the runner's provider factory); the rules on the
+commands and targets of tool sources where a loadout is written (the
+runner's side is in tests/tools/test_tool_policy.py); and weak API keys.
 
 The attack these refuse: a tenant names a variable of the runner that is not
 its own (another tenant's provider key, KEEL_DEV_KEY, KEEL_INTERNAL_TOKEN) or
@@ -30,6 +32,8 @@ POLICY = (
     .with_grant("globex", "GLOBEX_KEY")
     .with_grant("globex", "OPENAI_API_KEY")
     .with_origin(LOCAL)
+    .with_command(["acme-files", "--stdio"], "acme")
+    .with_tool_target("billing.internal:7000", "acme")
 )
 ENV = {
     "ACME_KEY": "acme-secret",
@@ -91,6 +95,72 @@ def test_tool_secrets_must_be_granted_too() -> None:
     assert _refused(child).metadata["field"] == "tools[1].env.TOKEN"
     granted = {"tools": [{"source": "mcp", "headersEnv": {"Authorization": "ACME_SEARCH_TOKEN"}}]}
     check_loadout_secrets(granted, "acme", POLICY)
+
+
+MCP_STDIO = {"source": "mcp", "name": "files", "transport": "stdio", "command": ["acme-files"]}
+MCP_HTTP = {"source": "mcp", "name": "search", "transport": "http", "url": "http://127.0.0.1:9/m"}
+GRPC = {"source": "grpc", "name": "billing", "target": "billing.internal:7000"}
+
+
+@pytest.mark.parametrize(
+    ("tool", "field", "variable"),
+    [
+        (
+            {**MCP_STDIO, "command": ["acme-files", "--stdio"]},
+            "tools[0].command",
+            "KEEL_MCP_COMMANDS",
+        ),
+        (MCP_HTTP, "tools[0].url", "KEEL_TOOL_TARGETS"),
+        (GRPC, "tools[0].target", "KEEL_TOOL_TARGETS"),
+    ],
+)
+def test_tool_commands_and_targets_are_closed_by_default(
+    tool: dict[str, Any], field: str, variable: str
+) -> None:
+    with pytest.raises(InvalidLoadout) as caught:
+        check_loadout_secrets({"tools": [tool]}, "acme", SecretPolicy())
+    assert caught.value.metadata["field"] == field
+    assert variable in caught.value.message and "'acme'" in caught.value.message
+
+
+def test_tool_commands_and_targets_the_operator_allows_are_accepted_for_their_tenant() -> None:
+    policy = SecretPolicy.from_env(
+        {
+            "KEEL_MCP_COMMANDS": "acme=acme-files --stdio;shared-server --stdio",
+            "KEEL_TOOL_TARGETS": "acme=billing.internal:7000,http://127.0.0.1:9",
+        }
+    )
+    acme = {
+        "tools": [
+            {**MCP_STDIO, "command": ["acme-files", "--stdio"]},
+            {**MCP_STDIO, "name": "shared", "command": ["shared-server", "--stdio"]},
+            MCP_HTTP,
+            GRPC,
+            {**GRPC, "name": "tls", "target": "grpcs://billing.internal:7000"},
+        ]
+    }
+    check_loadout_secrets(acme, "acme", policy)
+    # Another tenant gets what is allowed to all, not what is acme's.
+    check_loadout_secrets({"tools": acme["tools"][1:3]}, "globex", policy)
+    for index, field in ((0, "command"), (3, "target"), (4, "target")):
+        with pytest.raises(InvalidLoadout) as caught:
+            check_loadout_secrets({"tools": [acme["tools"][index]]}, "globex", policy)
+        assert caught.value.metadata["field"] == f"tools[0].{field}"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["acme-files"],  # fewer arguments
+        ["acme-files", "--stdio", "--root=/"],  # more arguments
+        ["acme-files", "--stdio "],  # not the same argument
+        ["/usr/bin/acme-files", "--stdio"],  # another path to it
+    ],
+)
+def test_a_command_is_allowed_only_as_the_whole_command_line(command: list[str]) -> None:
+    with pytest.raises(InvalidLoadout) as caught:
+        check_loadout_secrets({"tools": [{**MCP_STDIO, "command": command}]}, "acme", POLICY)
+    assert caught.value.metadata["field"] == "tools[0].command"
 
 
 def test_what_is_granted_is_accepted() -> None:
@@ -178,15 +248,19 @@ async def test_the_kernel_applies_the_policy_of_the_tenant_written_to(
 ) -> None:
     granted = {"model": _openai(apiKeyEnv="ACME_KEY", baseUrl=LOCAL)}
     assert await kernel_client.put_loadout("acme", granted) == 1
+    tools = {"tools": [{**MCP_STDIO, "command": ["acme-files", "--stdio"]}, GRPC]}
+    assert await kernel_client.put_loadout("acme", tools) == 2
     for document, field in (
         ({"model": _openai(apiKeyEnv="GLOBEX_KEY", baseUrl=LOCAL)}, "model.apiKeyEnv"),
         ({"model": _openai(apiKeyEnv="ACME_KEY", baseUrl="http://10.0.0.1")}, "model.baseUrl"),
+        ({"tools": [{**MCP_STDIO, "command": ["sh", "-c", "id"]}]}, "tools[0].command"),
+        ({"tools": [{**GRPC, "target": "evil.example:7000"}]}, "tools[0].target"),
     ):
         with pytest.raises(InvalidLoadout) as caught:
             await kernel_client.put_loadout("acme", document)
         assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert caught.value.metadata["field"] == field
-    assert (await kernel_client.get_loadout("acme")).revision == 1
+    assert (await kernel_client.get_loadout("acme")).revision == 2
 
 
 @pytest.mark.parametrize(
