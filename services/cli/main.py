@@ -520,6 +520,17 @@ def bench_drain(
     _print_json(measure(database_url, sessions), as_json)
 
 
+@bench_app.command("tools")
+def bench_tools(
+    as_json: JsonFlag = False,
+    calls: Annotated[int, typer.Option(min=1, help="measured calls per source")] = 500,
+) -> None:
+    """Per-call overhead beyond the tool's own time: builtin, MCP stdio/HTTP, gRPC."""
+    from bench.tools import measure
+
+    _print_json({"benchmark": "tools", **measure(calls)}, as_json)
+
+
 @bench_app.command("compaction")
 def bench_compaction(as_json: JsonFlag = False) -> None:
     """Compaction policy time for 1k / 10k-message sessions."""

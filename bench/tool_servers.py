@@ -1,0 +1,86 @@
+"""The tool servers `keel bench tools` calls: one `echo` tool per kind of source.
+
+    python -m bench.tool_servers mcp-stdio          an MCP server on stdio
+    python -m bench.tool_servers mcp-http           streamable HTTP on loopback
+    python -m bench.tool_servers grpc               a ToolService (keel_tools)
+
+The network servers print their address as the first line of stdout once
+they listen. Each `echo` reports how long its own body took (`tool_us`), so
+the benchmark can take the tool's own time out of what it measures; an echo
+body takes microseconds, so nearly all of a call is the path to the tool and
+back, which is what the benchmark is about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import time
+
+ECHO_DESCRIPTION = "Returns the text it is given."
+
+
+def _timed_echo(text: str) -> dict[str, object]:
+    started = time.perf_counter_ns()
+    result: dict[str, object] = {"text": text}
+    result["tool_us"] = (time.perf_counter_ns() - started) / 1000
+    return result
+
+
+def _mcp_server() -> object:
+    from mcp.server.mcpserver import MCPServer
+
+    server: MCPServer = MCPServer("keel-bench-tools")
+
+    @server.tool(description=ECHO_DESCRIPTION)
+    def echo(text: str) -> dict[str, object]:
+        return _timed_echo(text)
+
+    return server
+
+
+async def _serve_mcp_http() -> None:
+    import uvicorn
+
+    server = _mcp_server()
+    app = server.streamable_http_app(host="127.0.0.1")  # type: ignore[attr-defined]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    print(f"http://127.0.0.1:{sock.getsockname()[1]}/mcp", flush=True)
+    await uvicorn.Server(config).serve(sockets=[sock])
+
+
+async def _serve_grpc() -> None:
+    from keel_tools import ToolServer
+
+    def echo(text: str) -> dict[str, object]:
+        """Returns the text it is given."""
+        return _timed_echo(text)
+
+    server = ToolServer([echo])
+    await server.start("127.0.0.1", 0)
+    print(server.address, flush=True)
+    try:
+        await server.wait_for_termination()
+    finally:
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    kind = (argv if argv is not None else sys.argv[1:] or [""])[0]
+    if kind == "mcp-stdio":
+        import anyio
+
+        anyio.run(_mcp_server().run_stdio_async)  # type: ignore[attr-defined]
+    elif kind == "mcp-http":
+        asyncio.run(_serve_mcp_http())
+    elif kind == "grpc":
+        asyncio.run(_serve_grpc())
+    else:
+        raise SystemExit("usage: python -m bench.tool_servers mcp-stdio|mcp-http|grpc")
+
+
+if __name__ == "__main__":
+    main()
