@@ -306,7 +306,8 @@ class _Connection:
 
 
 def _child_parameters(config: McpServerConfig) -> StdioServerParameters:
-    """`env -i NAME=VALUE... /path/to/server ARGS...`, checked before anything starts."""
+    """`[setpriv --pdeathsig KILL --] env -i NAME=VALUE... /path/to/server ARGS...`,
+    checked before anything starts."""
     if not config.command:
         raise _Unavailable("no command configured")
     env = {n: os.environ[n] for n in INHERITED_VARIABLES if n in os.environ}
@@ -322,9 +323,18 @@ def _child_parameters(config: McpServerConfig) -> StdioServerParameters:
     if "=" in executable:  # `env` would read it as one more variable
         raise _Unavailable(f"cannot start a command whose path contains '=': {executable}")
     assignments = [f"{name}={value}" for name, value in env.items()]
-    return StdioServerParameters(
-        command=launcher, args=["-i", *assignments, executable, *config.command[1:]]
-    )
+    args = ["-i", *assignments, executable, *config.command[1:]]
+    # A runner killed with SIGKILL cannot stop its children. A server that
+    # reads stdin ends when the pipe closes, but one busy in a blocking tool
+    # would outlive the runner as an orphan: with util-linux's setpriv the
+    # kernel kills the child when the runner dies (the SDK offers no
+    # preexec_fn to set the parent-death signal otherwise).
+    setpriv = shutil.which("setpriv")
+    if setpriv is not None:
+        return StdioServerParameters(
+            command=setpriv, args=["--pdeathsig", "KILL", "--", launcher, *args]
+        )
+    return StdioServerParameters(command=launcher, args=args)
 
 
 class _StderrLog:
