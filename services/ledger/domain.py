@@ -24,6 +24,8 @@ from eventsourcing.domain import (
 
 from services.ledger import facts as F
 from services.ledger.errors import (
+    ApprovalDecided,
+    ApprovalNotPending,
     IdempotencyConflict,
     InvalidFact,
     StaleEpoch,
@@ -61,10 +63,28 @@ class SessionView:
     parked: bool
     latest_cancel_seq: int
     context_head_seq: int
+    # Open tool calls waiting for a person's decision (approval_requested,
+    # no approval yet). Not carried by the ledger's GetSession message: a
+    # view read through the client has none, and `owes_work` there counts
+    # them as owed (the ListSessions summary's `owes_work` is exact).
+    waiting_tool_call_ids: tuple[str, ...] = ()
 
     @property
     def owes_work(self) -> bool:
-        return not self.parked and bool(self.owed_input_seqs or self.open_tool_calls)
+        """Whether an attempt has something to do now.
+
+        A call waiting for a decision is not work, and neither is an input
+        behind it: the model cannot be asked again while its call has no
+        result, so such an input stays owed until the call is decided. A
+        cancel is work either way (it closes the waiting call)."""
+        if self.parked:
+            return False
+        waiting = set(self.waiting_tool_call_ids)
+        if any(call.tool_call_id not in waiting for call in self.open_tool_calls):
+            return True
+        if not waiting:
+            return bool(self.owed_input_seqs)
+        return any(seq < self.latest_cancel_seq for seq in self.owed_input_seqs)
 
 
 def timestamp_ms(moment: datetime) -> int:
@@ -112,12 +132,19 @@ class SessionStream(BaseAggregate[str]):
         self.latest_cancel_seq = 0
         self.context_head_seq = 0
         self.last_input_seq = 0
+        # The latest fact that wakes a session as an input does (an input,
+        # or a decision on a waiting tool call).
+        self.last_wake_seq = 0
         self.parked_at = 0
         # Dedup indexes: request id -> (seq, body fingerprint), etc.
         self.requests: dict[str, tuple[int, str]] = {}
         self.generations: dict[str, int] = {}
         self.tool_calls: dict[str, OpenToolCall] = {}
         self.tool_results: dict[str, int] = {}
+        # Tool call id -> seq of its approval_requested, and of its decision.
+        self.approval_requests: dict[str, int] = {}
+        self.decisions: dict[str, int] = {}
+        self.approved: dict[str, bool] = {}
         # Insertion-ordered sets (dicts) so owed inputs stay ascending.
         self.owed_inputs: dict[int, None] = {}
         self.open_calls: dict[str, None] = {}
@@ -131,6 +158,7 @@ class SessionStream(BaseAggregate[str]):
             self.requests[data["requestId"]] = (seq, F.input_fingerprint(data))
             self.owed_inputs[seq] = None
             self.last_input_seq = seq
+            self.last_wake_seq = seq
         elif kind == F.EPOCH_STARTED:
             self.fence_epoch = int(data["epoch"])
             self.read_watermark = int(data["watermark"])
@@ -144,6 +172,12 @@ class SessionStream(BaseAggregate[str]):
         elif kind == F.TOOL_RESULT:
             self.tool_results[data["toolCallId"]] = seq
             self.open_calls.pop(data["toolCallId"], None)
+        elif kind == F.APPROVAL_REQUESTED:
+            self.approval_requests[data["toolCallId"]] = seq
+        elif kind == F.APPROVAL:
+            self.decisions[data["toolCallId"]] = seq
+            self.approved[data["toolCallId"]] = bool(data["approve"])
+            self.last_wake_seq = seq
         elif kind == F.COMPACTION:
             self.latest_compaction_seq = seq
         elif kind == F.CANCELLED:
@@ -226,8 +260,42 @@ class SessionStream(BaseAggregate[str]):
                 return Appended(existing, True)
             if call_id not in self.tool_calls:
                 raise UnknownToolCall(f"no tool call {call_id!r} in this session")
+        elif fact.kind == F.APPROVAL_REQUESTED:
+            self._check_approval_request(data["toolCallId"])
+            existing = self.approval_requests.get(data["toolCallId"])
+            if existing is not None:
+                # A retried attempt asks again: the first request stands.
+                return Appended(existing, True)
+        elif fact.kind == F.APPROVAL:
+            self._check_decision(data["toolCallId"])
         self.trigger_event(self.Recorded, kind=fact.kind, data=dict(data), epoch=epoch)
         return Appended(self.version, False)
+
+    def _check_approval_request(self, call_id: str) -> None:
+        if call_id not in self.tool_calls:
+            raise UnknownToolCall(f"no tool call {call_id!r} in this session")
+        if call_id in self.tool_results and call_id not in self.approval_requests:
+            raise InvalidFact(f"tool call {call_id!r} has a result: nothing to approve")
+
+    def _check_decision(self, call_id: str) -> None:
+        """One decision per call, and only for a call that waits for one.
+
+        Decided here, on the aggregate, so that two decisions racing for one
+        call cannot both land: the loser's insert fails on the stream version
+        and its retry, on fresh state, finds the winner's decision."""
+        decided = self.decisions.get(call_id)
+        if decided is not None:
+            raise ApprovalDecided(
+                f"tool call {call_id!r} was decided already (seq {decided})",
+                seq=str(decided),
+                approve=str(self.approved[call_id]).lower(),
+            )
+        if call_id not in self.approval_requests:
+            raise ApprovalNotPending(f"tool call {call_id!r} does not wait for a decision")
+        if call_id in self.tool_results:
+            raise ApprovalNotPending(
+                f"tool call {call_id!r} has a result already (seq {self.tool_results[call_id]})"
+            )
 
     def _input_seqs(self) -> set[int]:
         return {seq for seq, _ in self.requests.values()}
@@ -242,9 +310,15 @@ class SessionStream(BaseAggregate[str]):
             open_tool_calls=tuple(self.tool_calls[c] for c in self.open_calls),
             latest_compaction_seq=self.latest_compaction_seq,
             read_watermark=self.read_watermark,
-            parked=self.parked_at > self.last_input_seq,
+            # A decision wakes a parked session as an input does.
+            parked=self.parked_at > self.last_wake_seq,
             latest_cancel_seq=self.latest_cancel_seq,
             context_head_seq=self.context_head_seq,
+            waiting_tool_call_ids=tuple(
+                c
+                for c in self.open_calls
+                if c in self.approval_requests and c not in self.decisions
+            ),
         )
 
 

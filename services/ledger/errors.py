@@ -10,6 +10,8 @@ LedgerError
  ├── StaleEpoch             FAILED_PRECONDITION  STALE_EPOCH
  ├── IdempotencyConflict    ALREADY_EXISTS       IDEMPOTENCY_CONFLICT
  ├── UnknownToolCall        FAILED_PRECONDITION  UNKNOWN_TOOL_CALL
+ ├── ApprovalNotPending     FAILED_PRECONDITION  APPROVAL_NOT_PENDING
+ ├── ApprovalDecided        ALREADY_EXISTS       APPROVAL_ALREADY_DECIDED
  └── WriteContention        ABORTED              WRITE_CONTENTION
 """
 
@@ -75,6 +77,22 @@ class IdempotencyConflict(LedgerError):
 class UnknownToolCall(LedgerError):
     code = grpc.StatusCode.FAILED_PRECONDITION
     reason = "UNKNOWN_TOOL_CALL"
+
+
+class ApprovalNotPending(LedgerError):
+    """A decision for a tool call that does not wait for one: no such call,
+    no approval was requested for it, or it has a result already."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "APPROVAL_NOT_PENDING"
+
+
+class ApprovalDecided(LedgerError):
+    """A second decision for one tool call: the first one stands (its seq
+    and whether it approved are in the metadata)."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+    reason = "APPROVAL_ALREADY_DECIDED"
 
 
 class WriteContention(LedgerError):

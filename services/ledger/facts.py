@@ -25,9 +25,12 @@ ATTEMPT_FAILED: Final = "attempt_failed"
 CANCELLED: Final = "cancelled"
 SESSION_PARKED: Final = "session_parked"
 COMPACTION_FAILED: Final = "compaction_failed"
+# A tool call that waits for a person's decision, and that decision.
+APPROVAL_REQUESTED: Final = "approval_requested"
+APPROVAL: Final = "approval"
 
 # Clients (through the edge) write these without an epoch, at any time.
-CLIENT_KINDS: Final = frozenset({INPUT, CANCELLED})
+CLIENT_KINDS: Final = frozenset({INPUT, CANCELLED, APPROVAL})
 # Only the owner of the current epoch writes these.
 RUNNER_KINDS: Final = frozenset(
     {
@@ -38,6 +41,7 @@ RUNNER_KINDS: Final = frozenset(
         ATTEMPT_FAILED,
         SESSION_PARKED,
         COMPACTION_FAILED,
+        APPROVAL_REQUESTED,
     }
 )
 APPENDABLE_KINDS: Final = CLIENT_KINDS | RUNNER_KINDS
@@ -51,6 +55,8 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
 MAX_READ_LIMIT: Final = 1000
 DEFAULT_READ_LIMIT: Final = 500
 MAX_FACTS_PER_APPEND: Final = 256
+# A decision's note is for people reading the session, not a document.
+MAX_APPROVAL_NOTE_CHARS: Final = 4096
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,9 @@ def _check_assistant(data: Mapping[str, Any]) -> None:
         call_id = check_id(_require(call, "id", "toolCall", str), "toolCall.id")
         _require(call, "name", "toolCall", str)
         _optional(call, "arguments", "toolCall", dict)
+        # The model's arguments as sent, when they were not a JSON object:
+        # kept so the call is never run with arguments the model did not give.
+        _optional(call, "argumentsText", "toolCall", str)
         if call_id in seen:
             raise InvalidFact(f"tool call id {call_id!r} repeated", field="toolCalls")
         seen.add(call_id)
@@ -170,6 +179,24 @@ def _check_assistant(data: Mapping[str, Any]) -> None:
 def _check_tool_result(data: Mapping[str, Any]) -> None:
     check_id(_require(data, "toolCallId", TOOL_RESULT, str), "toolCallId")
     _optional(data, "isError", TOOL_RESULT, bool)
+
+
+def _check_approval_requested(data: Mapping[str, Any]) -> None:
+    check_id(_require(data, "toolCallId", APPROVAL_REQUESTED, str), "toolCallId")
+    _require(data, "name", APPROVAL_REQUESTED, str)
+    _require(data, "arguments", APPROVAL_REQUESTED, dict)
+
+
+def _check_approval(data: Mapping[str, Any]) -> None:
+    check_id(_require(data, "toolCallId", APPROVAL, str), "toolCallId")
+    _require(data, "approve", APPROVAL, bool)
+    note = _optional(data, "note", APPROVAL, str)
+    if note is not None and len(note) > MAX_APPROVAL_NOTE_CHARS:
+        raise InvalidFact(
+            f"approval.note is longer than {MAX_APPROVAL_NOTE_CHARS} characters", field="note"
+        )
+    if not _require(data, "by", APPROVAL, str):
+        raise InvalidFact("approval.by must name who decided", field="by")
 
 
 def _check_compaction(data: Mapping[str, Any]) -> None:
@@ -200,6 +227,8 @@ _CHECKS = {
     CANCELLED: lambda data: None,
     SESSION_PARKED: _check_parked,
     COMPACTION_FAILED: _check_compaction_failed,
+    APPROVAL_REQUESTED: _check_approval_requested,
+    APPROVAL: _check_approval,
 }
 
 
