@@ -7,6 +7,14 @@ tool calls without results first (a dead predecessor's half answer), then
 owed inputs. Every answer carries a generation id derived from the context
 it was built from, so a repeated answer deduplicates in the ledger.
 
+A call is run only as the model made it, and only when it may run: a call
+whose arguments were not a JSON object, or made by a response cut at the
+output limit, gets an error result instead; a call of a tool that needs a
+person's approval commits `approval_requested` and waits. Waiting is not
+work (services/runner/transcript.py): once every open call waits, the
+attempt ends like any other and the session holds no lease and no slot until
+a decision is committed and wakes it.
+
 Commit boundaries (where a handoff may stop the attempt, and where crash tests
 kill it) are the named fault points.
 """
@@ -34,7 +42,7 @@ from agent_io.providers import (
     ThinkingDelta,
     ToolCallDelta,
 )
-from agent_io.tools import ToolCall, ToolRegistry, idempotency_key
+from agent_io.tools import ToolCall, ToolOutcome, ToolRegistry, idempotency_key
 from compaction.policy import ContextEntry, MessageEntry
 from kernel import KernelClient, Lease, LeaseLost
 from kernel import StaleEpoch as KernelStaleEpoch
@@ -193,7 +201,8 @@ class Attempt:
         """Fixes the watermark and raises the fence; False when nothing is owed."""
         if not self.facts:
             await self.refresh()
-        self.watermark = T.highest_input(self.facts)
+        # Inputs and decisions both wake a session: read through the latest.
+        self.watermark = T.read_through(self.facts)
         if T.owed(self.facts, self.watermark).nothing:
             # A wake-up that finds the work done (a cancel with nothing
             # running, a duplicate input): nothing to write, so no fence to
@@ -224,7 +233,9 @@ class Attempt:
             if owed.open_calls:
                 await self.run_tools(owed.open_calls)
                 continue
-            if not owed.input_seqs:
+            if not owed.input_seqs or owed.blocked:
+                # Done, or every call left waits for a person: the inputs
+                # stay owed until the decision wakes the session again.
                 return
             await self.answer(owed)
 
@@ -322,8 +333,23 @@ class Attempt:
         return completed
 
     async def run_tools(self, calls: Sequence[T.OpenCall]) -> None:
-        """Executes every open call (at-least-once) and commits one result each."""
+        """Settles every open call: runs it (at-least-once) and commits its
+        result, refuses it with an error result, or asks for approval."""
         for index, call in enumerate(calls):
+            last = index == len(calls) - 1
+            refusal = T.refusal(call)
+            asks = refusal is None and call.decision is None
+            if asks and self.tools.requires_approval(call.name):
+                await self.commit(
+                    "approval_requested",
+                    {
+                        "toolCallId": call.tool_call_id,
+                        "name": call.name,
+                        "arguments": dict(call.arguments),
+                    },
+                )
+                self.boundary("after_approval_requested")
+                continue
             tool_call = ToolCall(
                 call.tool_call_id,
                 call.name,
@@ -332,10 +358,13 @@ class Attempt:
                 session_id=self.session_id,
                 tenant_id=self.lease.tenant_id,
             )
-            outcome = await self.tools.run(tool_call)
-            # Executed, result not yet committed: a crash here is the
-            # at-least-once case (the successor runs the tool again).
-            faults.hit("mid_tool")
+            if refusal is not None:
+                outcome = ToolOutcome(refusal, is_error=True)
+            else:
+                outcome = await self.tools.run(tool_call)
+                # Executed, result not yet committed: a crash here is the
+                # at-least-once case (the successor runs the tool again).
+                faults.hit("mid_tool")
             await self.commit(
                 "tool_result",
                 {
@@ -345,14 +374,12 @@ class Attempt:
                     "idempotencyKey": tool_call.idempotency_key,
                 },
             )
-            if index < len(calls) - 1:
-                self.boundary("after_some_tool_results")
-            else:
-                self.boundary("after_tool_results")
+            self.boundary("after_tool_results" if last else "after_some_tool_results")
 
     async def settle_cancelled(self, owed: T.Owed) -> None:
-        """A client cancelled: close open calls, consume what the cancel covers."""
-        for call in owed.open_calls:
+        """A client cancelled: close open calls (waiting ones too), consume
+        what the cancel covers."""
+        for call in (*owed.open_calls, *owed.waiting_calls):
             await self.commit(
                 "tool_result",
                 {"toolCallId": call.tool_call_id, "content": "cancelled", "isError": True},

@@ -244,6 +244,11 @@ class Drainer:
         """An attempt stopped at a commit boundary by a handoff: a handoff
         if work is still owed, else the attempt is simply done."""
         lease = attempt.lease
+        # An attempt can reach its boundary before the drain task has stopped
+        # the claim loop (a drain starting at that very boundary): a claim
+        # still waiting at the kernel would take the released session back,
+        # only to hand it back, and the successor would start an epoch later.
+        await self._stop_claiming()
         try:
             if T.owed(attempt.facts, attempt.watermark).nothing:
                 await self._kernel.finish(

@@ -3,6 +3,12 @@
 Pure functions. "What is missing" is always a fact, never a guess: inputs up
 to the attempt's watermark that no completed answer consumed, and tool calls
 of the latest answer that have no result.
+
+A call that waits for a person (`approval_requested`, no `approval` yet) is
+not owed: nothing can be done for it until the decision is committed, and
+neither can the model be asked again while one of its calls has no result,
+so the inputs behind it stay owed without being workable. A decision makes
+the call owed again, carrying the decision; a cancel closes it either way.
 """
 
 from __future__ import annotations
@@ -21,10 +27,19 @@ from compaction.transcript import (
     presented_request,
     request_messages,
 )
-from services.ledger.facts import ASSISTANT, CANCELLED, INPUT, CommittedFact
+from services.ledger.facts import (
+    APPROVAL,
+    APPROVAL_REQUESTED,
+    ASSISTANT,
+    CANCELLED,
+    INPUT,
+    CommittedFact,
+)
 
 __all__ = [
     "CANCELLED_STOP",
+    "CUT_OFF_STOP",
+    "Decision",
     "OpenCall",
     "Owed",
     "cancel_generation_id",
@@ -35,8 +50,16 @@ __all__ = [
     "owed",
     "parsed_context",
     "presented_request",
+    "read_through",
+    "refusal",
     "request_messages",
 ]
+
+# The stop reason of a response cut by the output limit: its tool calls may
+# be incomplete, so none of them is run.
+CUT_OFF_STOP = "length"
+# How much of a malformed arguments text an error result quotes.
+QUOTED_ARGUMENTS_CHARS = 200
 
 
 def generation_id(context_head_seq: int) -> str:
@@ -61,11 +84,28 @@ def cancel_generation_id(cancel_seq: int, input_seqs: Sequence[int]) -> str:
 
 
 @dataclass(frozen=True)
+class Decision:
+    """A person's decision on a call that waited for approval."""
+
+    approve: bool
+    by: str
+    note: str = ""
+    seq: int = 0
+
+
+@dataclass(frozen=True)
 class OpenCall:
     tool_call_id: str
     name: str
     arguments: Mapping[str, Any]
     assistant_seq: int
+    # The model's arguments as sent, when they were not a JSON object.
+    arguments_text: str | None = None
+    # The response that made the call was cut by the output limit.
+    cut_off: bool = False
+    # An approval_requested was committed for this call.
+    approval_requested: bool = False
+    decision: Decision | None = None
 
 
 @dataclass(frozen=True)
@@ -74,19 +114,63 @@ class Owed:
 
     watermark: int
     input_seqs: tuple[int, ...]
+    # Calls to act on now (run, refuse, or ask a person about).
     open_calls: tuple[OpenCall, ...]
     # Inputs before the latest cancel that no answer consumed.
     cancelled_input_seqs: tuple[int, ...]
     latest_cancel_seq: int
     context_head_seq: int
+    # Calls waiting for a person's decision: not owed until it arrives.
+    waiting_calls: tuple[OpenCall, ...] = ()
+
+    @property
+    def blocked(self) -> bool:
+        """Inputs are owed, but the model cannot be asked while a call waits."""
+        return bool(self.input_seqs and self.waiting_calls)
 
     @property
     def nothing(self) -> bool:
-        return not (self.input_seqs or self.open_calls or self.cancelled_input_seqs)
+        """Nothing an attempt can do now (waiting calls and the inputs behind
+        them wait for a person, not for an attempt)."""
+        answerable = self.input_seqs and not self.waiting_calls
+        return not (answerable or self.open_calls or self.cancelled_input_seqs)
 
 
 def highest_input(facts: Iterable[CommittedFact]) -> int:
     return max((f.seq for f in facts if f.kind == INPUT), default=0)
+
+
+def read_through(facts: Iterable[CommittedFact]) -> int:
+    """The seq an attempt reads through: its latest input or decision.
+
+    A decision wakes a session as an input does (the kernel is told its
+    seq), so an attempt that has read it must say so when it finishes, or
+    the kernel would queue the session again for a decision already acted
+    on. Only inputs are compared with it, so as a watermark it presents the
+    same inputs as the highest input seq would."""
+    return max((f.seq for f in facts if f.kind in (INPUT, APPROVAL)), default=0)
+
+
+def _approvals(
+    facts: Sequence[CommittedFact], after_seq: int
+) -> tuple[set[str], dict[str, Decision]]:
+    """Calls with an approval request, and the decisions, after `after_seq`
+    (a call's approval facts always follow the answer that made it)."""
+    requested: set[str] = set()
+    decisions: dict[str, Decision] = {}
+    for fact in reversed(facts):
+        if fact.seq <= after_seq:
+            break
+        if fact.kind == APPROVAL_REQUESTED:
+            requested.add(fact.data["toolCallId"])
+        elif fact.kind == APPROVAL:
+            decisions[fact.data["toolCallId"]] = Decision(
+                approve=bool(fact.data["approve"]),
+                by=str(fact.data.get("by", "")),
+                note=str(fact.data.get("note") or ""),
+                seq=fact.seq,
+            )
+    return requested, decisions
 
 
 def owed(facts: Sequence[CommittedFact], watermark: int) -> Owed:
@@ -96,15 +180,29 @@ def owed(facts: Sequence[CommittedFact], watermark: int) -> Owed:
     inputs = [f.seq for f in facts if f.kind == INPUT and f.seq <= watermark]
     unanswered = [s for s in inputs if s not in fold.consumed]
     open_calls: list[OpenCall] = []
+    waiting: list[OpenCall] = []
     latest_assistant = next((f for f in reversed(facts) if f.kind == ASSISTANT), None)
     if latest_assistant is not None:
+        requested, decisions = _approvals(facts, latest_assistant.seq)
+        cut_off = latest_assistant.data.get("stopReason") == CUT_OFF_STOP
         for call in latest_assistant.data.get("toolCalls") or ():
-            if call["id"] not in fold.results:
-                open_calls.append(
-                    OpenCall(
-                        call["id"], call["name"], call.get("arguments") or {}, latest_assistant.seq
-                    )
-                )
+            if call["id"] in fold.results:
+                continue
+            text = call.get("argumentsText")
+            open_call = OpenCall(
+                call["id"],
+                call["name"],
+                call.get("arguments") or {},
+                latest_assistant.seq,
+                arguments_text=text if isinstance(text, str) else None,
+                cut_off=cut_off,
+                approval_requested=call["id"] in requested,
+                decision=decisions.get(call["id"]),
+            )
+            if open_call.approval_requested and open_call.decision is None:
+                waiting.append(open_call)
+            else:
+                open_calls.append(open_call)
     return Owed(
         watermark=watermark,
         input_seqs=tuple(s for s in unanswered if s > latest_cancel),
@@ -112,4 +210,36 @@ def owed(facts: Sequence[CommittedFact], watermark: int) -> Owed:
         cancelled_input_seqs=tuple(s for s in unanswered if s < latest_cancel),
         latest_cancel_seq=latest_cancel,
         context_head_seq=context_head(facts, watermark),
+        waiting_calls=tuple(waiting),
     )
+
+
+def refusal(call: OpenCall) -> str | None:
+    """Why `call` must not run (the error result the model sees), or None.
+
+    Never a call the model did not make: arguments that were not a JSON
+    object are not replaced by `{}`, and the calls of a response cut at the
+    output limit may be incomplete. A denial is the person's, with the note."""
+    if call.arguments_text is not None:
+        return (
+            f"not run: the arguments of {call.name} are not a JSON object: "
+            f"{_quoted(call.arguments_text)}"
+        )
+    if call.cut_off:
+        return (
+            f"not run: the response was cut off at the output limit, so this call of "
+            f"{call.name} may be incomplete; make it again with complete arguments"
+        )
+    decision = call.decision
+    if decision is not None and not decision.approve:
+        said = f": {decision.note}" if decision.note else ""
+        return f"denied by {decision.by}{said}"
+    return None
+
+
+def _quoted(text: str) -> str:
+    """`text` quoted for an error result, shortened (the assistant fact keeps
+    all of it, and the model is shown all of it there)."""
+    if len(text) <= QUOTED_ARGUMENTS_CHARS:
+        return repr(text)
+    return f"{text[:QUOTED_ARGUMENTS_CHARS]!r}… ({len(text)} characters)"
