@@ -316,7 +316,7 @@ class KernelClient:
         """What an API key may do (tenant, admin, operator); raises InvalidApiKey."""
         request = pb.AuthenticateRequest(key=key)
         response = await unary(self._stub.Authenticate(request), KernelError)
-        return ApiKeyGrant(response.tenant_id, response.admin, response.operator)
+        return ApiKeyGrant(response.tenant_id, response.admin, response.operator, response.key_id)
 
     async def list_tenants(self) -> list[TenantInfo]:
         response = await unary(self._stub.ListTenants(pb.ListTenantsRequest()), KernelError)

@@ -340,7 +340,10 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
     ) -> pb.AuthenticateResponse:
         grant = await asyncio.to_thread(self._tenants.authenticate, request.key)
         return pb.AuthenticateResponse(
-            tenant_id=grant.tenant_id, admin=grant.admin, operator=grant.operator
+            tenant_id=grant.tenant_id,
+            admin=grant.admin,
+            operator=grant.operator,
+            key_id=grant.key_id,
         )
 
     @unary_errors

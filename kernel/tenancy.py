@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kernel import admission, domain
@@ -67,6 +67,9 @@ class ApiKeyGrant:
     tenant_id: str
     admin: bool
     operator: bool = False
+    # The key's id (`key_…`), for audit records such as an approval's `by`;
+    # not part of what the key may do, so grants compare by rights alone.
+    key_id: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,7 @@ class TenantStore:
             raise InvalidApiKey("missing or unknown API key")
         row = self._db.run(
             lambda tx: tx.one(
-                "SELECT tenant_id, admin, operator FROM api_keys "
+                "SELECT tenant_id, admin, operator, key_id FROM api_keys "
                 "WHERE key_hash = %s AND revoked_at_ms = 0",
                 (hash_key(key),),
             ),
@@ -215,7 +218,7 @@ class TenantStore:
         )
         if row is None:
             raise InvalidApiKey("missing or unknown API key")
-        return ApiKeyGrant(str(row[0]), bool(row[1]), bool(row[2]))
+        return ApiKeyGrant(str(row[0]), bool(row[1]), bool(row[2]), str(row[3]))
 
     def list_tenants(self) -> list[TenantInfo]:
         rows = self._db.run(

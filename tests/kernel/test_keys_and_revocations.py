@@ -61,7 +61,9 @@ async def test_a_revoked_key_fails_at_once_and_stays_revoked(client: KernelClien
     await client.create_tenant("acme")
     key, key_id = await client.create_api_key("acme", "acme-fixed-key-0123456789abc", admin=True)
     other, _ = await client.create_api_key("acme")
-    assert await client.authenticate(key) == ApiKeyGrant("acme", admin=True)
+    grant = await client.authenticate(key)
+    assert grant == ApiKeyGrant("acme", admin=True)
+    assert grant.key_id == key_id, "the grant names the key (for audit), never the key itself"
 
     assert await client.revoke_api_key(key_id) is True
     with pytest.raises(InvalidApiKey):
@@ -152,8 +154,9 @@ async def test_loadout_puts_are_validated_and_may_expect_a_revision(
         await client.put_loadout(
             "acme", {"tools": [{"source": "grpc", "name": "b", "target": "b:1"}]}
         )
-    assert caught.value.metadata["field"] == "tools[0].source"
-    assert "not supported by this version" in caught.value.message
+    # A ToolService target the operator has not allowed (closed by default).
+    assert caught.value.metadata["field"] == "tools[0].target"
+    assert "KEEL_TOOL_TARGETS" in caught.value.message
 
     assert await client.put_loadout("acme", {"systemPrompt": "one"}) == 1
     assert await client.put_loadout("acme", {"systemPrompt": "two"}, expected_revision=1) == 2

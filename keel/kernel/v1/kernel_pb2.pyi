@@ -902,19 +902,23 @@ class AuthenticateResponse(_message.Message):
     TENANT_ID_FIELD_NUMBER: _builtins.int
     ADMIN_FIELD_NUMBER: _builtins.int
     OPERATOR_FIELD_NUMBER: _builtins.int
+    KEY_ID_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     admin: _builtins.bool
     operator: _builtins.bool
+    key_id: _builtins.str
+    """The key's id (never the key): who did what, in audit records."""
     def __init__(
         self,
         *,
         tenant_id: _builtins.str = ...,
         admin: _builtins.bool = ...,
         operator: _builtins.bool = ...,
+        key_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admin", b"admin", "operator", b"operator", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admin", b"admin", "key_id", b"key_id", "operator", b"operator", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
