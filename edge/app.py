@@ -33,7 +33,7 @@ from edge.errors import (
 from edge.gateway import Gateway
 from edge.http import Metrics, RequestMetrics
 from edge.limits import Guards
-from edge.routes import admin, blobs, probes, runtime, sessions
+from edge.routes import admin, approvals, blobs, probes, runtime, sessions
 from edge.security_headers import SecurityHeaders
 from edge.slow_clients import BodyDeadline
 from services.common.errors import KeelError
@@ -57,6 +57,7 @@ def create_app(gateway: Gateway, guards: Guards | None = None) -> Starlette:
     metrics = Metrics()
     routes: list[BaseRoute] = [
         *sessions.routes,
+        *approvals.routes,
         *blobs.routes,
         *runtime.routes,
         *admin.routes,

@@ -46,6 +46,8 @@ class Caller:
     operator: bool = False
     # The SHA-256 of the key it called with: what per-key limits count by.
     key_hash: str = field(default="", repr=False)
+    # The key's id (`key_…`): who did it, in audit records.
+    key_id: str = ""
 
 
 class Authenticator:
@@ -134,7 +136,9 @@ class Authenticator:
         """Asks the kernel about one key; caches a right key's caller."""
         seen = self._revocations_seen
         grant = await self._kernel.authenticate(key)
-        caller = Caller(grant.tenant_id, grant.admin, grant.operator, key_hash=digest)
+        caller = Caller(
+            grant.tenant_id, grant.admin, grant.operator, key_hash=digest, key_id=grant.key_id
+        )
         if self._revocations_seen == seen:
             self._keys[digest] = (time.monotonic() + AUTH_CACHE_S, caller)
         return caller

@@ -25,6 +25,7 @@ from typing import Any
 
 from compaction.client import CompactionClient
 from compaction.errors import SeqOutOfRange as CompactionSeqOutOfRange
+from edge.approvals import PendingApproval, pending_approvals
 from edge.auth import Authenticator, Caller
 from edge.errors import (
     BadRequest,
@@ -68,10 +69,13 @@ class SessionInfo:
 
     session_id: str
     head_seq: int
-    # idle, running, compacting or parked.
+    # idle, running, compacting, parked, or awaiting_approval: nothing runs,
+    # and a tool call waits for a person's decision (inputs sent meanwhile
+    # stay owed: the model is asked again once the call has its result).
     status: str
     owed_input_seqs: tuple[int, ...]
     latest_compaction_seq: int
+    pending_approvals: tuple[PendingApproval, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +84,7 @@ class SessionInfo:
             "status": self.status,
             "owedInputs": list(self.owed_input_seqs),
             "latestCompactionSeq": self.latest_compaction_seq,
+            "pendingApprovals": [p.to_json() for p in self.pending_approvals],
         }
 
 
@@ -177,12 +182,18 @@ class Gateway:
     async def session_info(self, caller: Caller, session_id: str) -> SessionInfo:
         """What GET /v1/sessions/{id} and GetSession report of the caller's session."""
         view = await self.session(caller, session_id)
+        pending, status = await asyncio.gather(
+            pending_approvals(self.ledger, view), self.status_of(view)
+        )
+        if status == "idle" and pending:
+            status = "awaiting_approval"
         return SessionInfo(
             session_id=self.public_session_id(view.session_id),
             head_seq=view.head_seq,
-            status=await self.status_of(view),
+            status=status,
             owed_input_seqs=tuple(view.owed_input_seqs),
             latest_compaction_seq=view.latest_compaction_seq,
+            pending_approvals=pending,
         )
 
     async def check_cursor(self, caller: Caller, session_id: str, after: int) -> SessionView:

@@ -34,7 +34,7 @@ from typing import Any
 
 import grpc
 
-from edge import admin_ops, inputs
+from edge import admin_ops, approvals, inputs
 from edge.auth import Caller
 from edge.errors import BadRequest, EdgeError, from_service_error
 from edge.fanout import Drain, Live
@@ -159,6 +159,15 @@ def _session_pb(info: SessionInfo) -> pb.GetSessionResponse:
         status=info.status,
         owed_input_seqs=info.owed_input_seqs,
         latest_compaction_seq=info.latest_compaction_seq,
+        pending_approvals=[
+            pb.PendingApproval(
+                tool_call_id=p.tool_call_id,
+                name=p.name,
+                arguments_json=_json(p.arguments),
+                seq=p.seq,
+            )
+            for p in info.pending_approvals
+        ],
     )
 
 
@@ -265,6 +274,20 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         caller, session_id = await self._session(context, request.session_id)
         seq = await inputs.cancel(self._gateway, caller, session_id)
         return pb.CancelResponse(cancelled=seq is not None, seq=seq or 0)
+
+    @_unary
+    async def DecideApproval(
+        self, request: pb.DecideApprovalRequest, context: Any
+    ) -> pb.DecideApprovalResponse:
+        caller, session_id = await self._session(context, request.session_id)
+        body: dict[str, Any] = {"toolCallId": request.tool_call_id}
+        # proto3 `optional`: an absent decision is a refusal, not a denial.
+        if request.HasField("approve"):
+            body["approve"] = request.approve
+        if request.note:
+            body["note"] = request.note
+        decided = await approvals.decide(self._gateway, caller, session_id, body)
+        return pb.DecideApprovalResponse(seq=decided.seq, by=decided.by)
 
     @_streaming
     async def StreamEvents(

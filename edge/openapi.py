@@ -134,13 +134,51 @@ _SCHEMAS: dict[str, Schema] = {
         },
     ),
     "Session": _object(
-        ["id", "headSeq", "status", "owedInputs", "latestCompactionSeq"],
+        ["id", "headSeq", "status", "owedInputs", "latestCompactionSeq", "pendingApprovals"],
         {
             "id": _SESSION_ID_SCHEMA,
             "headSeq": _COUNT,
-            "status": {"enum": ["idle", "running", "compacting", "parked"]},
+            "status": {
+                "enum": ["idle", "running", "compacting", "parked", "awaiting_approval"],
+                "description": "awaiting_approval: nothing runs and a tool call waits for a "
+                "decision; inputs sent meanwhile stay owed until the call has its result",
+            },
             "owedInputs": {"type": "array", "items": _SEQ},
             "latestCompactionSeq": _COUNT,
+            "pendingApprovals": {"type": "array", "items": _ref("PendingApproval")},
+        },
+    ),
+    "PendingApproval": _object(
+        ["toolCallId", "name", "arguments", "seq"],
+        {
+            "toolCallId": _STRING,
+            "name": {"type": "string", "description": "the tool, as the model called it"},
+            "arguments": {"type": "object"},
+            "seq": {"allOf": [_SEQ], "description": "its approval_requested fact"},
+        },
+    ),
+    "ApprovalDecision": _object(
+        ["toolCallId", "approve"],
+        {
+            "toolCallId": _REQUEST_ID_SCHEMA,
+            "approve": {
+                "type": "boolean",
+                "description": "true runs the call; false commits an error result for it",
+            },
+            "note": {
+                "type": "string",
+                "maxLength": 4096,
+                "description": "kept with the decision; a denial's note reaches the model",
+            },
+        },
+    ),
+    "ApprovalDecided": _object(
+        ["seq", "toolCallId", "approve", "by"],
+        {
+            "seq": {"allOf": [_SEQ], "description": "the approval fact"},
+            "toolCallId": _STRING,
+            "approve": {"type": "boolean"},
+            "by": {"type": "string", "description": "who decided: the caller's key"},
         },
     ),
     "Input": _object(
@@ -517,6 +555,28 @@ _PATHS: dict[str, Schema] = {
                 "200": _json(_ref("NothingToCancel"), "Nothing to cancel"),
                 **_BAD,
                 **_NO_SESSION,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/sessions/{id}/approvals": {
+        "parameters": [_SESSION_ID],
+        "post": {
+            "operationId": "decideApproval",
+            "summary": "Decide a tool call waiting for approval",
+            "description": "One decision per call (GET /v1/sessions/{id} lists the waiting "
+            "ones). Approved, the call runs; denied, the model gets an error result with "
+            "the note. The session is woken as by an input.",
+            "requestBody": _body(_ref("ApprovalDecision")),
+            "responses": {
+                "201": _json(_ref("ApprovalDecided"), "The decision is committed"),
+                "409": _error(
+                    "`approval_not_pending`: no such call waits for a decision; "
+                    "`approval_already_decided`: it was decided before (the first stands)"
+                ),
+                **_BAD,
+                **_NO_SESSION,
+                **_TOO_LARGE,
                 **_AUTHENTICATED,
             },
         },

@@ -25,6 +25,8 @@ as keel:`, plain iterators).
 from keel_client._async_client import AsyncKeelClient
 from keel_client._config import ClientOptions, ReconnectPolicy
 from keel_client._errors import (
+    ApprovalAlreadyDecided,
+    ApprovalNotPending,
     ClientClosed,
     Conflict,
     DeadlineExceeded,
@@ -50,11 +52,13 @@ from keel_client._sync_client import KeelClient, SyncIterator
 from keel_client._types import (
     Cancellation,
     Context,
+    Decision,
     Delta,
     Event,
     Fact,
     Input,
     Loadout,
+    PendingApproval,
     Session,
     SessionPage,
     SessionSummary,
@@ -62,6 +66,8 @@ from keel_client._types import (
 )
 
 __all__ = [
+    "ApprovalAlreadyDecided",
+    "ApprovalNotPending",
     "AsyncKeelClient",
     "Cancellation",
     "ClientClosed",
@@ -69,6 +75,7 @@ __all__ = [
     "Conflict",
     "Context",
     "DeadlineExceeded",
+    "Decision",
     "Delta",
     "Event",
     "Fact",
@@ -81,6 +88,7 @@ __all__ = [
     "Loadout",
     "NotFound",
     "PayloadTooLarge",
+    "PendingApproval",
     "PermissionDenied",
     "ReconnectGaveUp",
     "ReconnectPolicy",

@@ -16,6 +16,7 @@ from keel_client._events import follow_session
 from keel_client._types import (
     Cancellation,
     Context,
+    Decision,
     Event,
     Input,
     Loadout,
@@ -132,6 +133,19 @@ class AsyncKeelClient:
         """Asks the input at `seq` again, as a new input (deduplicated like send_input)."""
         request = pb.RetryRequest(session_id=session_id, seq=seq, request_id=request_id or "")
         return Input.from_pb(await self._call(self._stub.Retry, request))
+
+    async def decide_approval(
+        self, session_id: str, tool_call_id: str, approve: bool, note: str | None = None
+    ) -> Decision:
+        """Decides a tool call waiting for approval (`Session.pending_approvals`):
+        approved, the call runs; denied, the model gets an error result with
+        the note. One decision per call: `ApprovalNotPending` for a call that
+        does not wait, `ApprovalAlreadyDecided` for a second decision."""
+        request = pb.DecideApprovalRequest(
+            session_id=session_id, tool_call_id=tool_call_id, approve=approve, note=note or ""
+        )
+        response = await self._call(self._stub.DecideApproval, request)
+        return Decision(seq=response.seq, by=response.by)
 
     # ------------------------------------------------------------ reading
 

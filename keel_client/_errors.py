@@ -11,7 +11,10 @@
      ├── Conflict
      │    ├── IdempotencyConflict     a request id reused for another input
      │    ├── SessionExists           the session id is taken
-     │    └── RevisionMismatch        put_loadout's expected_revision is stale
+     │    ├── RevisionMismatch        put_loadout's expected_revision is stale
+     │    ├── ApprovalNotPending      no such tool call waits for a decision
+     │    └── ApprovalAlreadyDecided  decided before: the first decision stands
+     │                                (`.metadata` has its `seq` and `approve`)
      ├── PayloadTooLarge
      ├── Unavailable                  the edge or a service behind it is down;
      │    │                           retrying later may work (`.retry_after_s`)
@@ -131,6 +134,14 @@ class SessionExists(Conflict):
 
 class RevisionMismatch(Conflict):
     reasons = ("REVISION_MISMATCH",)
+
+
+class ApprovalNotPending(Conflict):
+    reasons = ("APPROVAL_NOT_PENDING",)
+
+
+class ApprovalAlreadyDecided(Conflict):
+    reasons = ("APPROVAL_ALREADY_DECIDED",)
 
 
 class PayloadTooLarge(KeelClientError):

@@ -29,6 +29,7 @@ from keel_client._errors import ClientClosed
 from keel_client._types import (
     Cancellation,
     Context,
+    Decision,
     Event,
     Input,
     Loadout,
@@ -196,6 +197,11 @@ class KeelClient:
 
     def retry(self, session_id: str, seq: int, request_id: str | None = None) -> Input:
         return self._loop.run(self._client.retry(session_id, seq, request_id))
+
+    def decide_approval(
+        self, session_id: str, tool_call_id: str, approve: bool, note: str | None = None
+    ) -> Decision:
+        return self._loop.run(self._client.decide_approval(session_id, tool_call_id, approve, note))
 
     def events(self, session_id: str, after: int = 0) -> SyncIterator[Event]:
         """As `AsyncKeelClient.events`; `close()` it (or use `with`) when done."""

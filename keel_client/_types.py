@@ -23,13 +23,34 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class PendingApproval:
+    """A tool call waiting for a person's decision (`decide_approval`)."""
+
+    tool_call_id: str
+    name: str
+    arguments: Mapping[str, Any]
+    # The seq of its approval_requested fact.
+    seq: int
+
+    @classmethod
+    def from_pb(cls, message: pb.PendingApproval) -> PendingApproval:
+        return cls(
+            tool_call_id=message.tool_call_id,
+            name=message.name,
+            arguments=_json_object(message.arguments_json, "a pending call's arguments"),
+            seq=message.seq,
+        )
+
+
+@dataclass(frozen=True)
 class Session:
     session_id: str
     head_seq: int
-    # "idle", "running", "compacting" or "parked".
+    # "idle", "running", "compacting", "parked" or "awaiting_approval".
     status: str
     owed_input_seqs: tuple[int, ...]
     latest_compaction_seq: int
+    pending_approvals: tuple[PendingApproval, ...] = ()
 
     @classmethod
     def from_pb(cls, message: pb.GetSessionResponse) -> Session:
@@ -39,6 +60,7 @@ class Session:
             status=message.status,
             owed_input_seqs=tuple(message.owed_input_seqs),
             latest_compaction_seq=message.latest_compaction_seq,
+            pending_approvals=tuple(PendingApproval.from_pb(p) for p in message.pending_approvals),
         )
 
 
@@ -82,6 +104,16 @@ class Input:
             request_id=message.request_id,
             retry_safe=message.retry_safe,
         )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A committed decision on a waiting tool call (decide_approval)."""
+
+    # The seq of the approval fact.
+    seq: int
+    # Who decided: the key the client acts with.
+    by: str
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@
 
 import { ApiError, api, currentKey, sessionPath, storeKey, storedKey } from "./api.js";
 import { $, formatTime, h, newRequestId, readHash, writeHash } from "./dom.js";
-import { CANCELLED_STOP, renderFact } from "./facts.js";
+import { CANCELLED_STOP, pendingApprovals, renderFact, settleApproval } from "./facts.js";
 import { Inspector } from "./inspector.js";
 import { Previews } from "./previews.js";
 import { EventStream } from "./stream.js";
@@ -57,7 +57,13 @@ const state = {
 };
 
 const previews = new Previews(els.pending);
-const factView = { toolNames: new Map(), inputs: new Map(), onRetry: retryInput };
+const factView = {
+  toolNames: new Map(),
+  inputs: new Map(),
+  approvals: new Map(),
+  onRetry: retryInput,
+  onDecide: decideApproval,
+};
 const inspector = new Inspector($("#inspector"), reportError);
 
 function showNotice(message) {
@@ -144,6 +150,7 @@ function selectSession(id) {
   previews.clear();
   factView.toolNames.clear();
   factView.inputs.clear();
+  factView.approvals.clear();
   state.draft = null;
   els.facts.replaceChildren();
   els.title.textContent = id;
@@ -247,19 +254,31 @@ function setConnection(connection) {
 const STATUS_WORDS = {
   running: "running…",
   compacting: "compacting the context…",
+  awaiting_approval: "waiting for approval",
 };
+
+/** What the bar says. Nothing runs while a tool call waits for a person
+ *  (the stream says "idle"); the transcript's waiting cards tell the two
+ *  apart, and settle as soon as the decision's fact arrives. */
+function shownStatus(status) {
+  const resting = status === "idle" || status === "awaiting_approval";
+  if (!resting) return status;
+  return pendingApprovals(factView) > 0 ? "awaiting_approval" : "idle";
+}
 
 function setStatus(status) {
   if (!status) return;
   state.status = status;
-  els.status.dataset.state = status;
-  els.status.textContent = STATUS_WORDS[status] || status;
-  // Cancel is offered only while an answer is being produced. Nothing else
-  // is disabled while busy: inputs sent now are committed and queued.
-  els.cancel.hidden = status !== "running";
+  const shown = shownStatus(status);
+  els.status.dataset.state = shown;
+  els.status.textContent = STATUS_WORDS[shown] || shown;
+  // Cancel is offered while an answer is being produced, or a call waits
+  // (a cancel closes it). Nothing else is disabled while busy: inputs sent
+  // now are committed and queued.
+  els.cancel.hidden = shown !== "running" && shown !== "awaiting_approval";
   // Idle means no answer is in flight: a preview left now belongs to a
   // generation that will never commit under that id (a crash, a cancel).
-  if (status === "idle" || status === "parked") previews.drop();
+  if (shown !== "running" && shown !== "compacting") previews.drop();
 }
 
 // ------------------------------------------------------------------- facts
@@ -339,6 +358,18 @@ function applyFact(fact) {
       previews.drop();
       setStatus("parked");
       break;
+    case "approval_requested":
+      setStatus(state.status);
+      break;
+    case "approval":
+      settleApproval(factView, data.toolCallId, data.approve ? "approved" : "denied");
+      setStatus(state.status);
+      break;
+    case "tool_result":
+      // A call closed without a decision (a cancel) waits no more.
+      settleApproval(factView, data.toolCallId, "closed without a decision");
+      setStatus(state.status);
+      break;
     default:
       break;
   }
@@ -398,6 +429,19 @@ async function sendInput() {
 async function retryInput(seq) {
   try {
     await api("POST", sessionPath(state.sessionId, "/retry"), { seq });
+    showNotice("");
+  } catch (error) {
+    reportError(error);
+  }
+}
+
+/** A person's decision on a waiting call; the card settles when the
+ *  decision's fact arrives on the stream, like every other change. */
+async function decideApproval(toolCallId, approve, note) {
+  const body = { toolCallId, approve };
+  if (note) body.note = note;
+  try {
+    await api("POST", sessionPath(state.sessionId, "/approvals"), body);
     showNotice("");
   } catch (error) {
     reportError(error);

@@ -19,10 +19,13 @@ export const FACT_KINDS = [
   "cancelled",
   "session_parked",
   "compaction_failed",
+  "approval_requested",
+  "approval",
 ];
 
 /** `view` holds what rendering needs from the chat: toolNames (id -> name),
- *  inputs (seq -> element) and onRetry(seq). */
+ *  inputs (seq -> element), approvals (toolCallId -> approval card),
+ *  onRetry(seq) and onDecide(toolCallId, approve, note) -> Promise. */
 export function renderFact(fact, view) {
   const data = fact.data;
   switch (fact.kind) {
@@ -50,6 +53,14 @@ export function renderFact(fact, view) {
       return h("div", { className: "notice error" }, `Session parked: ${data.reason}`);
     case "compaction_failed":
       return h("div", { className: "notice warn" }, `Compaction failed: ${data.error}`);
+    case "approval_requested":
+      return renderApprovalRequest(fact, view);
+    case "approval":
+      return h(
+        "div",
+        { className: `notice ${data.approve ? "" : "warn"}`, dataset: { toolCallId: data.toolCallId } },
+        decisionText(data, view),
+      );
     default:
       return h("div", { className: "notice" }, `${fact.kind} fact`);
   }
@@ -104,11 +115,84 @@ function renderAssistant(fact, view) {
         "div",
         { className: "tool-call", dataset: { toolCallId: call.id } },
         h("div", { className: "tool-name" }, `Tool call: ${call.name}`),
-        h("pre", {}, asText(call.arguments || {})),
+        h("pre", {}, asText(call.argumentsText ?? call.arguments ?? {})),
       ),
     );
   }
   return el;
+}
+
+/** A call waiting for a person: its tool and arguments, a note, and the two
+ *  buttons. The card stays in the transcript; once the call is decided (or
+ *  closed by a result) its buttons go and it says what happened. */
+function renderApprovalRequest(fact, view) {
+  const data = fact.data;
+  const note = h("input", {
+    type: "text",
+    className: "approval-note",
+    placeholder: "Note (optional)",
+    "aria-label": "Note",
+    maxlength: "4096",
+  });
+  const approve = h("button", { type: "button", className: "approve" }, "Approve");
+  const deny = h("button", { type: "button", className: "deny" }, "Deny");
+  const actions = h("div", { className: "approval-actions" }, note, approve, deny);
+  const card = h(
+    "div",
+    { className: "bubble approval pending", dataset: { toolCallId: data.toolCallId } },
+    h(
+      "div",
+      { className: "meta" },
+      h("span", {}, `#${fact.seq}`),
+      h("span", { className: "approval-state" }, "waiting for approval"),
+    ),
+    h("div", { className: "tool-name" }, `${data.name} wants to run`),
+    h("pre", {}, asText(data.arguments || {})),
+    actions,
+  );
+  const decide = async (yes) => {
+    approve.disabled = true;
+    deny.disabled = true;
+    try {
+      await view.onDecide(data.toolCallId, yes, note.value.trim());
+    } finally {
+      // Re-enabled only if the call still waits (the POST failed).
+      if (card.classList.contains("pending")) {
+        approve.disabled = false;
+        deny.disabled = false;
+      }
+    }
+  };
+  approve.addEventListener("click", () => decide(true));
+  deny.addEventListener("click", () => decide(false));
+  view.approvals.set(data.toolCallId, card);
+  return card;
+}
+
+/** One line saying how a waiting call was decided. */
+function decisionText(data, view) {
+  const name = view.toolNames.get(data.toolCallId) || data.toolCallId;
+  const said = data.note ? `: ${data.note}` : "";
+  return `${data.approve ? "Approved" : "Denied"} ${name} (by ${data.by})${said}`;
+}
+
+/** Marks a waiting call's card settled (`outcome`: approved, denied, or
+ *  closed by a result without a decision); the decision's own fact says
+ *  who decided and why. */
+export function settleApproval(view, toolCallId, outcome) {
+  const card = view.approvals.get(toolCallId);
+  if (!card || !card.classList.contains("pending")) return;
+  card.classList.remove("pending");
+  card.dataset.outcome = outcome;
+  card.querySelector(".approval-actions").remove();
+  card.querySelector(".approval-state").textContent = outcome;
+}
+
+/** How many calls on screen still wait for a decision. */
+export function pendingApprovals(view) {
+  let count = 0;
+  for (const card of view.approvals.values()) if (card.classList.contains("pending")) count += 1;
+  return count;
 }
 
 function renderToolResult(data, view) {

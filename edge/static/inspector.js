@@ -22,6 +22,8 @@ const KIND_LABELS = {
   cancelled: "cancel",
   session_parked: "parked",
   compaction_failed: "compaction failed",
+  approval_requested: "asks approval",
+  approval: "decision",
 };
 
 function textOf(content) {
@@ -45,7 +47,7 @@ function describe(fact, toolNames) {
       return `${oneLine(data.text)}${extra.length ? ` (${extra.join(", ")})` : ""}`;
     }
     case "epoch_started":
-      return `epoch ${data.epoch} started, read inputs up to #${data.watermark}`;
+      return `epoch ${data.epoch} started, read up to #${data.watermark}`;
     case "assistant": {
       const parts = [oneLine(textOf(data.content)) || "(no text)"];
       for (const call of data.toolCalls || []) parts.push(`→ ${call.name}`);
@@ -68,6 +70,12 @@ function describe(fact, toolNames) {
       return String(data.reason ?? "");
     case "compaction_failed":
       return String(data.error ?? "");
+    case "approval_requested":
+      return `${data.name} waits for a decision: ${oneLine(JSON.stringify(data.arguments ?? {}), 80)}`;
+    case "approval": {
+      const name = toolNames.get(data.toolCallId) || data.toolCallId;
+      return `${data.approve ? "approved" : "denied"} ${name} (by ${data.by})${data.note ? `: ${oneLine(data.note, 80)}` : ""}`;
+    }
     default:
       return fact.kind;
   }

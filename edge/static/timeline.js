@@ -8,7 +8,8 @@
 // answer still without a result. That is what a crash or a handoff leaves
 // behind, and exactly what the successor has to redo from the ledger. An
 // epoch after a failed attempt is a retry; any other epoch is an ordinary
-// claim of new work.
+// claim of new work. A call that waited for a person's decision is not
+// unfinished work: the epoch its decision wakes is new work.
 "use strict";
 
 export const TRANSITIONS = {
@@ -24,6 +25,8 @@ class Ledger {
     this.inputs = [];
     this.consumed = new Set();
     this.results = new Set();
+    // Calls that waited for a decision (approval_requested): not owed.
+    this.asked = new Set();
     this.latestAnswer = null;
   }
 
@@ -34,12 +37,13 @@ class Ledger {
       for (const seq of data.inputSeqs || []) this.consumed.add(seq);
       this.latestAnswer = fact;
     } else if (fact.kind === "tool_result") this.results.add(data.toolCallId);
+    else if (fact.kind === "approval_requested") this.asked.add(data.toolCallId);
   }
 
   owed(watermark) {
     const inputs = this.inputs.filter((seq) => seq <= watermark && !this.consumed.has(seq));
     const calls = ((this.latestAnswer && this.latestAnswer.data.toolCalls) || []).filter(
-      (call) => !this.results.has(call.id),
+      (call) => !this.results.has(call.id) && !this.asked.has(call.id),
     );
     return { inputs, calls };
   }
@@ -70,6 +74,7 @@ const RUNNER_KINDS = new Set([
   "attempt_failed",
   "session_parked",
   "compaction_failed",
+  "approval_requested",
 ]);
 
 /** `facts` in seq order -> { bands, compactions, summarizedBy, firstKeptBy }. */

@@ -13,6 +13,12 @@ transport failure resends the same requestId, which the edge deduplicates).
 Lines starting with `:` are client commands; see HELP. At the end of stdin the
 client waits until every input has been answered, then returns, so
 `keel chat < script.txt` prints a whole conversation.
+
+A tool call that waits for a person's approval is asked about: the client
+prints `approve NAME(ARGS)? [y/n]`, the next `y` or `n` line decides the
+oldest waiting call, and the line after it is the note (empty for none).
+Any other line is sent as an input, as usual (it is answered once the call
+has its result). `:approve` and `:deny` decide without the prompt.
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ from rich.text import Text
 from services.cli.chat_view import ChatView, Delta, SseEvent, SseParser
 
 HELP = (
-    "Type a message and press Enter. Commands: :retry <seq>  :cancel  :quit  :help. "
+    "Type a message and press Enter. Commands: :retry <seq>  :cancel  "
+    ":approve [note]  :deny [note]  :quit  :help. "
     "Model commands (/slow, /tool, /think, /fail, /long) go to the model as text."
 )
+YES, NO = frozenset({"y", "yes"}), frozenset({"n", "no"})
 RECONNECT_MIN_S = 0.5
 RECONNECT_MAX_S = 15.0
 # Longer than the edge's keep-alive interval: a silent connection this long
@@ -90,6 +98,12 @@ class ChatClient:
         self.last_seq = 0
         # (text, requestId) of a message whose POST has not succeeded yet.
         self._unsent: tuple[str, str] | None = None
+        # Tool calls waiting for a decision, oldest first: id -> (name, arguments).
+        self.waiting: dict[str, tuple[str, str]] = {}
+        # The call a `y`/`n` line decided, while its note is being asked for.
+        self.deciding: tuple[str, bool] | None = None
+        # The session's head when the chat opened: facts up to it are history.
+        self.history_head = 0
 
     def _path(self, suffix: str = "") -> str:
         return _session_path(self.session_id) + suffix
@@ -156,6 +170,46 @@ class ChatClient:
                 return
             self.last_seq = seq
             self.view.fact(payload)
+            self._follow_approvals(payload, seq)
+
+    def _follow_approvals(self, fact: dict[str, object], seq: int) -> None:
+        """Tracks the calls waiting for a decision, and asks about the oldest
+        when it changes. The history replayed when the chat opens is not
+        asked about as it goes by (a decision may follow a few facts later):
+        what still waits at its end is."""
+        data = fact.get("data")
+        if not isinstance(data, dict):
+            return
+        call_id = str(data.get("toolCallId", ""))
+        oldest = next(iter(self.waiting), None)
+        if fact.get("kind") == "approval_requested":
+            arguments = json.dumps(data.get("arguments") or {}, ensure_ascii=False)
+            self.waiting[call_id] = (str(data.get("name", "")), arguments)
+        elif fact.get("kind") in ("approval", "tool_result"):
+            self.waiting.pop(call_id, None)
+        if seq < self.history_head or not self.waiting or self.deciding is not None:
+            return
+        if seq == self.history_head or next(iter(self.waiting)) != oldest:
+            self.ask()
+
+    def ask(self) -> None:
+        """Prints the question about the oldest waiting call."""
+        name, arguments = next(iter(self.waiting.values()))
+        self.view.notice(f"approve {name}({arguments})? [y/n]", style="bold yellow")
+
+    async def decide(self, approve: bool, note: str, call_id: str | None = None) -> int:
+        """Decides `call_id` (default: the oldest waiting call); the decision's seq."""
+        if call_id is None:
+            if not self.waiting:
+                raise ChatError("no tool call waits for a decision")
+            call_id = next(iter(self.waiting))
+        body: dict[str, object] = {"toolCallId": call_id, "approve": approve}
+        if note:
+            body["note"] = note
+        # Not resent on failure: a second decision is refused (409) anyway.
+        response = await self.http.post(self._path("/approvals"), json=body)
+        _raise_for(response)
+        return int(response.json()["seq"])
 
     async def send(self, text: str) -> int:
         """Commits an input. A fresh requestId per message; a resend after a
@@ -191,16 +245,23 @@ class ChatClient:
         seq = response.json().get("seq")
         return None if seq is None else int(seq)
 
+    async def head_seq(self) -> int:
+        response = await self.http.get(self._path())
+        _raise_for(response)
+        return int(response.json().get("headSeq", 0))
+
     async def settled(self) -> bool:
         """Every fact printed, and nothing more coming: idle with nothing
-        owed, or parked (which waits for a person, not for time)."""
+        owed, parked, or awaiting an approval (those wait for a person)."""
         response = await self.http.get(self._path())
         _raise_for(response)
         session = response.json()
         if self.last_seq < int(session.get("headSeq", 0)):
             return False
         status = session.get("status")
-        return status == "parked" or (status == "idle" and not session.get("owedInputs"))
+        return status in ("parked", "awaiting_approval") or (
+            status == "idle" and not session.get("owedInputs")
+        )
 
 
 def _retry_after_s(data: str) -> float:
@@ -245,9 +306,30 @@ def _start_reader(stream: TextIO, queue: asyncio.Queue[str | None]) -> None:
     threading.Thread(target=read, name="keel-chat-stdin", daemon=True).start()
 
 
+async def _answer(client: ChatClient, text: str) -> bool:
+    """A line that answers the approval prompt: `y`/`n`, then the note.
+    False when the line is not an answer (it is then an input)."""
+    if client.deciding is not None:
+        call_id, approve = client.deciding
+        client.deciding = None
+        # The next waiting call is asked about when this decision's fact
+        # arrives on the stream.
+        await client.decide(approve, text, call_id)
+        return True
+    word = text.lower()
+    if client.waiting and word in YES | NO:
+        client.deciding = (next(iter(client.waiting)), word in YES)
+        client.view.notice("note (Enter for none):", style="bold yellow")
+        return True
+    return False
+
+
 async def _command(client: ChatClient, line: str) -> bool:
     """Runs one line; False when the user asked to quit."""
     text = line.strip()
+    # An empty line is a note too (none): checked before it is skipped.
+    if await _answer(client, text):
+        return True
     if not text:
         return True
     if text.startswith(":"):
@@ -260,6 +342,8 @@ async def _command(client: ChatClient, line: str) -> bool:
             await client.cancel()
         elif name == "retry" and argument.strip().lstrip("#").isdigit():
             await client.retry(int(argument.strip().lstrip("#")))
+        elif name in ("approve", "deny"):
+            await client.decide(name == "approve", argument.strip())
         else:
             client.view.notice(f"unknown command {text!r}. {HELP}", style="yellow")
         return True
@@ -323,6 +407,7 @@ async def run_chat(
             session = await open_session(http, session_id)
             console.print(f"[bold]session {escape(session)}[/bold]  [dim]:help for commands[/dim]")
             client = ChatClient(http, session, view)
+            client.history_head = await client.head_seq()
             follower = asyncio.create_task(client.follow(), name="keel-chat-events")
             try:
                 await _converse(client, stdin if stdin is not None else sys.stdin, follower)

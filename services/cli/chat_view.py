@@ -118,6 +118,22 @@ def render_fact(fact: Mapping[str, Any], tool_names: Mapping[str, str]) -> Rende
         return Group(line, Text(summary, style="dim green"))
     if kind == "epoch_started":
         return None  # every claim starts one; users care about answers, not owners
+    if kind == "approval_requested":
+        arguments = json.dumps(data.get("arguments") or {}, ensure_ascii=False)
+        line.append(
+            f"⏸ {data.get('name')}({arguments}) waits for your approval", style="bold yellow"
+        )
+        return line
+    if kind == "approval":
+        name = tool_names.get(str(data.get("toolCallId")), str(data.get("toolCallId")))
+        approved = bool(data.get("approve"))
+        line.append(
+            f"{'✓ approved' if approved else '✗ denied'} {name} (by {data.get('by')})",
+            style="green" if approved else "yellow",
+        )
+        if data.get("note"):
+            line.append(f": {data.get('note')}")
+        return line
     notices = {
         "session_created": ("session created", "dim"),
         "cancelled": ("cancel requested", "yellow"),
@@ -151,7 +167,10 @@ def _render_assistant(line: Text, data: Mapping[str, Any]) -> RenderableType:
             thinking = str(block.get("thinking", ""))
             parts.append(Text(f"   (thought for {len(thinking)} characters)", style="dim italic"))
     for call in calls:
-        arguments = json.dumps(call.get("arguments") or {}, ensure_ascii=False)
+        # A call whose arguments were not a JSON object shows what was sent.
+        arguments = call.get("argumentsText")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(call.get("arguments") or {}, ensure_ascii=False)
         parts.append(Text(f"   → {call.get('name')}({arguments})", style="magenta"))
     if data.get("stopReason") == "length":
         parts.append(Text("   (cut at the output limit)", style="dim"))

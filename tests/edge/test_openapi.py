@@ -20,6 +20,7 @@ from edge.app import create_app
 from services.common.internal_auth import TOKEN_HEADER
 from services.runner.server import RunnerServer
 from tests.edge.conftest import Stack
+from tests.support.approvals import require_approval, until_waiting
 
 DOCUMENT_URI = "urn:keel:edge:openapi"
 ADMIN_ONLY_KEY = "edge-test-admin-only-key-012345"
@@ -197,6 +198,22 @@ async def test_real_responses_conform_to_the_document(stack: Stack, runner: Runn
         await stack.post_input(idle, "/slow 30 a slow answer to cancel", "slow-1")
         check(cancel, await http.post(f"/v1/sessions/{idle}/cancel"))
         check(cancel, await http.post("/v1/sessions/nope/cancel"))
+
+        # -- approvals: a `counter` call waits for one
+        await require_approval(kernel)
+        waiting = await stack.new_session()
+        await stack.post_input(waiting, '/tool counter {"key": "openapi"}', "approve-1")
+        call_id = (await until_waiting(http, waiting))["pendingApprovals"][0]["toolCallId"]
+        check(one, await http.get(f"/v1/sessions/{waiting}"))  # with its pending approval
+        approvals = "/v1/sessions/{id}/approvals"
+        url = f"/v1/sessions/{waiting}/approvals"
+        check(approvals, await http.post(url, json={"toolCallId": call_id}))  # 400
+        check(approvals, await http.post(url, json={"toolCallId": "c-9", "approve": True}))  # 409
+        decided = await http.post(url, json={"toolCallId": call_id, "approve": True, "note": "ok"})
+        check(approvals, decided)
+        check(approvals, await http.post(url, json={"toolCallId": call_id, "approve": False}))
+        check(approvals, await http.post(url, content=huge))
+        check(approvals, await http.post("/v1/sessions/nope/approvals", json={}))
 
         # -- events: a page, a stream, refusals
         events = "/v1/sessions/{id}/events"

@@ -85,13 +85,21 @@ class GetSessionResponse(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     OWED_INPUT_SEQS_FIELD_NUMBER: _builtins.int
     LATEST_COMPACTION_SEQ_FIELD_NUMBER: _builtins.int
+    PENDING_APPROVALS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     head_seq: _builtins.int
     status: _builtins.str
-    """"idle", "running", "compacting" or "parked"."""
+    """"idle", "running", "compacting", "parked" or "awaiting_approval" (nothing
+    runs; a tool call waits for a decision, and inputs sent meanwhile stay
+    owed until the call has its result).
+    """
     latest_compaction_seq: _builtins.int
     @_builtins.property
     def owed_input_seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def pending_approvals(self) -> _containers.RepeatedCompositeFieldContainer[Global___PendingApproval]:
+        """Tool calls waiting for a person's decision, in the order asked."""
+
     def __init__(
         self,
         *,
@@ -100,14 +108,48 @@ class GetSessionResponse(_message.Message):
         status: _builtins.str = ...,
         owed_input_seqs: _abc.Iterable[_builtins.int] | None = ...,
         latest_compaction_seq: _builtins.int = ...,
+        pending_approvals: _abc.Iterable[Global___PendingApproval] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["head_seq", b"head_seq", "latest_compaction_seq", b"latest_compaction_seq", "owed_input_seqs", b"owed_input_seqs", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["head_seq", b"head_seq", "latest_compaction_seq", b"latest_compaction_seq", "owed_input_seqs", b"owed_input_seqs", "pending_approvals", b"pending_approvals", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetSessionResponse: _TypeAlias = GetSessionResponse  # noqa: Y015
+
+@_typing.final
+class PendingApproval(_message.Message):
+    """A tool call waiting for a person's decision (DecideApproval)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    tool_call_id: _builtins.str
+    name: _builtins.str
+    """The tool's name as the model called it."""
+    arguments_json: _builtins.str
+    """The call's arguments, as a JSON object."""
+    seq: _builtins.int
+    """The seq of its approval_requested fact."""
+    def __init__(
+        self,
+        *,
+        tool_call_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments_json: _builtins.str = ...,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "name", b"name", "seq", b"seq", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PendingApproval: _TypeAlias = PendingApproval  # noqa: Y015
 
 @_typing.final
 class ListSessionsRequest(_message.Message):
@@ -512,6 +554,62 @@ class RetryResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RetryResponse: _TypeAlias = RetryResponse  # noqa: Y015
+
+@_typing.final
+class DecideApprovalRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    APPROVE_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    tool_call_id: _builtins.str
+    approve: _builtins.bool
+    """Required: true runs the call, false commits an error result for it."""
+    note: _builtins.str
+    """Shown with the decision (and, for a denial, to the model)."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        tool_call_id: _builtins.str = ...,
+        approve: _builtins.bool | None = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_approve", b"_approve", "approve", b"approve"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_approve", b"_approve", "approve", b"approve", "note", b"note", "session_id", b"session_id", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__approve: _TypeAlias = _typing.Literal["approve"]  # noqa: Y015
+    _WhichOneofArgType__approve: _TypeAlias = _typing.Literal["_approve", b"_approve"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__approve) -> _WhichOneofReturnType__approve | None: ...
+
+Global___DecideApprovalRequest: _TypeAlias = DecideApprovalRequest  # noqa: Y015
+
+@_typing.final
+class DecideApprovalResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    BY_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    """The seq of the committed approval fact."""
+    by: _builtins.str
+    """Who decided: the caller's key."""
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["by", b"by", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DecideApprovalResponse: _TypeAlias = DecideApprovalResponse  # noqa: Y015
 
 @_typing.final
 class GetContextRequest(_message.Message):

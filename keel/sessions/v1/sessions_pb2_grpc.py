@@ -74,6 +74,11 @@ class SessionServiceStub:
                 request_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.RetryRequest.SerializeToString,
                 response_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.RetryResponse.FromString,
                 _registered_method=True)
+        self.DecideApproval = channel.unary_unary(
+                '/keel.sessions.v1.SessionService/DecideApproval',
+                request_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.DecideApprovalRequest.SerializeToString,
+                response_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.DecideApprovalResponse.FromString,
+                _registered_method=True)
         self.GetContext = channel.unary_unary(
                 '/keel.sessions.v1.SessionService/GetContext',
                 request_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.GetContextRequest.SerializeToString,
@@ -149,6 +154,15 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DecideApproval(self, request, context):
+        """Decides a tool call waiting for a person's approval. One decision per
+        call: FAILED_PRECONDITION (APPROVAL_NOT_PENDING) for a call that does not
+        wait for one, ALREADY_EXISTS (APPROVAL_ALREADY_DECIDED) for a second one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetContext(self, request, context):
         """Exactly what a model request built at `at_seq` presented.
         """
@@ -207,6 +221,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.Retry,
                     request_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.RetryRequest.FromString,
                     response_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.RetryResponse.SerializeToString,
+            ),
+            'DecideApproval': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecideApproval,
+                    request_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.DecideApprovalRequest.FromString,
+                    response_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.DecideApprovalResponse.SerializeToString,
             ),
             'GetContext': grpc.unary_unary_rpc_method_handler(
                     servicer.GetContext,
@@ -418,6 +437,33 @@ class SessionService:
             '/keel.sessions.v1.SessionService/Retry',
             keel_dot_sessions_dot_v1_dot_sessions__pb2.RetryRequest.SerializeToString,
             keel_dot_sessions_dot_v1_dot_sessions__pb2.RetryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecideApproval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keel.sessions.v1.SessionService/DecideApproval',
+            keel_dot_sessions_dot_v1_dot_sessions__pb2.DecideApprovalRequest.SerializeToString,
+            keel_dot_sessions_dot_v1_dot_sessions__pb2.DecideApprovalResponse.FromString,
             options,
             channel_credentials,
             insecure,

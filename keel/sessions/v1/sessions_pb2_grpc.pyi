@@ -54,6 +54,11 @@ class SessionServiceStub:
     """Commits a cancel when something is running or owed."""
     Retry: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.RetryRequest, _sessions_pb2.RetryResponse]
     """Asks a committed input again (a new input with `retryOf` and its blobs)."""
+    DecideApproval: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.DecideApprovalRequest, _sessions_pb2.DecideApprovalResponse]
+    """Decides a tool call waiting for a person's approval. One decision per
+    call: FAILED_PRECONDITION (APPROVAL_NOT_PENDING) for a call that does not
+    wait for one, ALREADY_EXISTS (APPROVAL_ALREADY_DECIDED) for a second one.
+    """
     GetContext: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.GetContextRequest, _sessions_pb2.GetContextResponse]
     """Exactly what a model request built at `at_seq` presented."""
     GetLoadout: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.GetLoadoutRequest, _sessions_pb2.GetLoadoutResponse]
@@ -87,6 +92,11 @@ class SessionServiceAsyncStub(SessionServiceStub):
     """Commits a cancel when something is running or owed."""
     Retry: _aio.UnaryUnaryMultiCallable[_sessions_pb2.RetryRequest, _sessions_pb2.RetryResponse]  # type: ignore[assignment]
     """Asks a committed input again (a new input with `retryOf` and its blobs)."""
+    DecideApproval: _aio.UnaryUnaryMultiCallable[_sessions_pb2.DecideApprovalRequest, _sessions_pb2.DecideApprovalResponse]  # type: ignore[assignment]
+    """Decides a tool call waiting for a person's approval. One decision per
+    call: FAILED_PRECONDITION (APPROVAL_NOT_PENDING) for a call that does not
+    wait for one, ALREADY_EXISTS (APPROVAL_ALREADY_DECIDED) for a second one.
+    """
     GetContext: _aio.UnaryUnaryMultiCallable[_sessions_pb2.GetContextRequest, _sessions_pb2.GetContextResponse]  # type: ignore[assignment]
     """Exactly what a model request built at `at_seq` presented."""
     GetLoadout: _aio.UnaryUnaryMultiCallable[_sessions_pb2.GetLoadoutRequest, _sessions_pb2.GetLoadoutResponse]  # type: ignore[assignment]
@@ -159,6 +169,17 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_sessions_pb2.RetryResponse, _abc.Awaitable[_sessions_pb2.RetryResponse]]:
         """Asks a committed input again (a new input with `retryOf` and its blobs)."""
+
+    @_abc_1.abstractmethod
+    def DecideApproval(
+        self,
+        request: _sessions_pb2.DecideApprovalRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sessions_pb2.DecideApprovalResponse, _abc.Awaitable[_sessions_pb2.DecideApprovalResponse]]:
+        """Decides a tool call waiting for a person's approval. One decision per
+        call: FAILED_PRECONDITION (APPROVAL_NOT_PENDING) for a call that does not
+        wait for one, ALREADY_EXISTS (APPROVAL_ALREADY_DECIDED) for a second one.
+        """
 
     @_abc_1.abstractmethod
     def GetContext(
