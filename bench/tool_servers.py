@@ -45,7 +45,9 @@ async def _serve_mcp_http() -> None:
 
     server = _mcp_server()
     app = server.streamable_http_app(host="127.0.0.1")  # type: ignore[attr-defined]
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say they are
+    # TCP; without it a response in two writes waits for a delayed ACK (~40 ms).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     print(f"http://127.0.0.1:{sock.getsockname()[1]}/mcp", flush=True)

@@ -227,7 +227,9 @@ async def serve_http(server: MCPServer, port: int, require_header: str | None) -
     if require_header:
         name, _, value = require_header.partition(":")
         app = RequireHeader(app, name.strip(), value.strip())
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say they are
+    # TCP; without it a response in two writes waits for a delayed ACK (~40 ms).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
