@@ -8,11 +8,14 @@ attempt takes: name resolution, the argument check against the tool's
 schema, the timeout, the source's transport and the result limit.
 
 Sources: the built-in `clock` (in the runner's process), and an `echo` tool
-served by `bench.tool_servers` as an MCP server over stdio (a child process
-of this one, as a runner starts it), as an MCP server over streamable HTTP
-on loopback, and as a gRPC ToolService written with `keel_tools`. Every
-echo reports the time its own body took (`tool_us`, microseconds), which is
-taken out: what remains is the overhead the figure is about.
+served by `bench.tool_servers`: over MCP stdio (a child process of this
+one, as a runner starts it) by a lean server that answers the protocol
+directly (`mcp_stdio`: Keel's side of the path, the figure SPEC §8 is
+about) and by a server written with the SDK (`mcp_stdio_sdk_server`: what a
+typical Python MCP server adds of its own); over MCP streamable HTTP on
+loopback (SDK server); and as a gRPC ToolService written with `keel_tools`.
+Every echo reports the time its own body took (`tool_us`, microseconds),
+which is taken out.
 """
 
 from __future__ import annotations
@@ -130,7 +133,8 @@ async def _registry(
 
 async def _measure(calls: int, warmup: int) -> dict[str, Any]:
     echo = {"text": "hello"}
-    stdio = _server_command("mcp-stdio")
+    stdio = _server_command("mcp-stdio-lean")
+    stdio_sdk = _server_command("mcp-stdio")
     results: dict[str, Any] = {}
     with (
         TemporaryDirectory() as scratch,
@@ -141,6 +145,7 @@ async def _measure(calls: int, warmup: int) -> dict[str, Any]:
         policy = (
             SecretPolicy()
             .with_command(stdio)
+            .with_command(stdio_sdk)
             .with_tool_target(mcp_url.rsplit("/", 1)[0])
             .with_tool_target(grpc_target)
         )
@@ -149,6 +154,12 @@ async def _measure(calls: int, warmup: int) -> dict[str, Any]:
             (
                 "mcp_stdio",
                 {"source": "mcp", "name": "tools", "transport": "stdio", "command": stdio},
+                "tools.echo",
+                echo,
+            ),
+            (
+                "mcp_stdio_sdk_server",
+                {"source": "mcp", "name": "tools", "transport": "stdio", "command": stdio_sdk},
                 "tools.echo",
                 echo,
             ),

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 def test_the_tools_benchmark_calls_every_kind_of_source() -> None:
     result = measure(calls=5, warmup=1)
-    for source in ("builtin", "mcp_stdio", "mcp_http", "grpc"):
+    for source in ("builtin", "mcp_stdio", "mcp_stdio_sdk_server", "mcp_http", "grpc"):
         figures = result[source]
         assert figures["calls"] == 5, source
         for figure in ("overhead_p50_ms", "overhead_p99_ms", "overhead_max_ms"):
