@@ -34,10 +34,10 @@ from keel_client import (
 )
 from tests.edge.conftest import ADMIN_KEY, Stack
 from tests.processes import ChildProcess
+from tests.runner.cluster import eventually
 from tests.support.approvals import (
     DEADLINE_S,
     counter_store,
-    eventually,
     holds_nothing,
     kinds,
     require_approval,

@@ -26,9 +26,9 @@ import pytest
 from kernel import KernelClient
 from services.runner.client import RunnerClient
 from tests.edge.conftest import Stack
+from tests.runner.cluster import eventually
 from tests.support.approvals import (
     counter_store,
-    eventually,
     holds_nothing,
     kinds,
     require_approval,

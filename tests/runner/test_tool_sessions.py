@@ -15,7 +15,6 @@ and tenants whose loadouts differ.
 from __future__ import annotations
 
 import json
-import os
 import signal
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
@@ -33,6 +32,7 @@ from tests.runner.invariants import assert_recovered
 from tests.runner.wire_servers import WireServer, data_frame, sse_reply
 from tests.support.mcp_server import server_command
 from tests.support.ports import free_port
+from tests.support.tool_fixtures import alive, children_of, command_line
 from tests.support.tool_service import RunningToolService, launch
 
 pytestmark = pytest.mark.slow
@@ -105,36 +105,6 @@ def tool_results(facts: list[CommittedFact]) -> list[Mapping[str, Any]]:
 def only_result(facts: list[CommittedFact]) -> Mapping[str, Any]:
     (result,) = tool_results(facts)
     return result
-
-
-def children_of(pid: int) -> list[int]:
-    """Live child processes of `pid` (zombies are gone for this purpose)."""
-    found: list[int] = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = _stat(int(entry))
-            if stat is not None and stat[1] == pid and stat[0] != "Z":
-                found.append(int(entry))
-    return found
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) of a process; None once it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = text.rsplit(")", 1)[1].split()
-    return fields[0], int(fields[1])
-
-
-def command_line(pid: int) -> str:
-    return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
-
-
-def alive(pid: int) -> bool:
-    stat = _stat(pid)
-    return stat is not None and stat[0] != "Z"
 
 
 async def gone(pid: int, what: str) -> None:

@@ -7,10 +7,7 @@ and edge, real gRPC and HTTP on loopback); runners are real OS processes.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,6 +17,7 @@ from agent_io.tools import CounterStore
 from kernel import KernelClient, KernelServer
 from kernel.store import now_ms
 from services.ledger import CommittedFact, LedgerClient
+from tests.runner.cluster import eventually
 
 T = TypeVar("T")
 
@@ -28,20 +26,6 @@ DEADLINE_S = 60.0
 APPROVAL_LOADOUT: dict[str, Any] = {
     "tools": [{"source": "builtin", "names": ["clock", "counter"], "requireApproval": ["counter"]}]
 }
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T | None]], what: str, deadline_s: float = DEADLINE_S
-) -> T:
-    """Polls `probe` until it returns a value (not None), failing at the deadline."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        value = await probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def require_approval(kernel: KernelClient, tenant: str = "default") -> int:
