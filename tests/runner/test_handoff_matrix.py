@@ -41,6 +41,11 @@ from tests.support.handoff_matrix import (
 )
 
 TWO_COUNTERS = '/tool counter {"key": "KEY-a"} | counter {"key": "KEY-b"}'
+ONE_COUNTER = '/tool counter {"key": "KEY-a"}'
+# `counter` waits for a person's approval in the "approval" script.
+APPROVAL_LOADOUT = {
+    "tools": [{"source": "builtin", "names": ["clock", "counter"], "requireApproval": ["counter"]}]
+}
 LONG_TURN = "/long 300"
 # The loadout of the compaction cases makes a compaction due within a few
 # LONG_TURNs; this many without one is a failure.
@@ -48,12 +53,15 @@ MAX_TURNS = 12
 # What an epoch committed, in short: an answer with tool calls (`call`), a
 # tool result, a final answer, a compaction.
 CALL, RESULT, ANSWER, COMPACTION = "call", "result", "answer", "compaction"
+ASKED = "approval_requested"
 
 
 @dataclass(frozen=True)
 class Case:
     fault: str  # KEEL_FAULT_POINT of the first runner
-    script: str  # "tools" (TWO_COUNTERS), "hello", or "compaction" (LONG_TURNs)
+    # "tools" (TWO_COUNTERS), "hello", "compaction" (LONG_TURNs), or
+    # "approval" (ONE_COUNTER, which waits for a person's decision)
+    script: str
     drained: tuple[str, ...]  # what the drained epoch committed
     successor: tuple[str, ...]  # what the successor's epoch committed
     # An input sent once the first runner drains: where the drained epoch
@@ -83,6 +91,9 @@ CASES = [
     Case("after_tool_results", "tools", (CALL, RESULT, RESULT), (ANSWER,)),
     Case("after_final_answer", "hello", (ANSWER,), (ANSWER,), True),
     Case("after_compaction", "compaction", (COMPACTION,), (ANSWER,)),
+    # Waiting for an approval: the drained runner holds nothing while the
+    # call waits; the decision wakes the session on the successor.
+    Case("after_approval_requested", "approval", (CALL, ASKED), (RESULT, ANSWER)),
     # The client's edge drains too: it reconnects to the other edge.
     Case("mid_tool", "tools", (CALL, RESULT), (RESULT, ANSWER), edge_drains=True, variant="edge"),
     Case("after_final_answer", "hello", (ANSWER,), (ANSWER,), True, True, variant="edge"),
@@ -146,6 +157,17 @@ async def compact_until_fault(
     raise AssertionError(f"no compaction reached FAULT {point} in {MAX_TURNS} turns")
 
 
+async def decide_waiting_call(stack: HandoffStack, session: str) -> None:
+    """Approves the call the session waits on, once the successor is up."""
+    facts = await stack.facts(session)
+    [asked] = [f for f in facts if f.kind == ASKED]
+    response = await stack.http.post(
+        f"/v1/sessions/{session}/approvals",
+        json={"toolCallId": asked.data["toolCallId"], "approve": True},
+    )
+    assert response.status_code == 201, response.text
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 async def test_a_handoff_at_this_point_is_seamless_for_the_client(
     stack: HandoffStack, case: Case
@@ -162,8 +184,10 @@ async def test_a_handoff_at_this_point_is_seamless_for_the_client(
         if case.script == "compaction":
             seqs = await compact_until_fault(stack, follower, session, first, point)
         else:
-            text = TWO_COUNTERS.replace("KEY", session) if case.script == "tools" else "hello"
-            seqs = [await stack.post_input(session, text, "first")]
+            if case.script == "approval":
+                await stack.cluster.kernel.put_loadout("default", APPROVAL_LOADOUT)
+            text = {"tools": TWO_COUNTERS, "approval": ONE_COUNTER}.get(case.script, "hello")
+            seqs = [await stack.post_input(session, text.replace("KEY", session), "first")]
             await first.line(lambda line: line == f"FAULT {point}", deadline_s=60)
         if case.edge_drains:
             gateway = stack.edges[0].gateway
@@ -173,6 +197,8 @@ async def test_a_handoff_at_this_point_is_seamless_for_the_client(
         second = cluster.start_runner()
         await cluster.runner_ready(second)
         second_id = runtime_id_of(second)
+        if case.script == "approval":
+            await decide_waiting_call(stack, session)
         if case.late_input:
             # Only once the kernel hands the drained runner nothing more, so
             # the late input is the successor's whatever the timing.
@@ -213,9 +239,10 @@ async def test_a_handoff_at_this_point_is_seamless_for_the_client(
     late = follower.timeline[successor_start:]
     assert ("delta", old_epoch) not in late, f"a delta of epoch {old_epoch} after its successor"
 
-    if case.script == "tools":
+    if case.script in ("tools", "approval"):
         counters = CounterStore(cluster.settings.data_dir / "counter.sqlite3")
-        for key in (f"{session}-a", f"{session}-b"):
+        keys = ("a", "b") if case.script == "tools" else ("a",)
+        for key in (f"{session}-{k}" for k in keys):
             assert (counters.value(key), counters.executions(key)) == (1, 1), key
     # A drained runner may exit once its drain completes; it must not fail.
     assert first.proc.poll() in (None, 0), first.output()
