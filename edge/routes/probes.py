@@ -4,6 +4,7 @@ the edge's metrics, which need an operator key."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -20,20 +21,37 @@ from services.common.errors import KeelError
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 READY_TIMEOUT_S = 2.0
+# What a 503 of /readyz tells a client or balancer to wait before asking again.
+READY_RETRY_AFTER_S = 1
 
 
 async def healthz(request: Request) -> Response:
     return JSONResponse({"ok": True})
 
 
-async def readyz(request: Request) -> Response:
-    gateway = gateway_of(request)
-    if gateway.draining.is_set():
-        return error_response(503, "draining", "this edge is draining")
+async def _reachable(call: Awaitable[object]) -> bool:
     try:
-        await asyncio.wait_for(gateway.kernel.list_runtimes(), READY_TIMEOUT_S)
+        await asyncio.wait_for(call, READY_TIMEOUT_S)
     except (KeelError, TimeoutError):
-        return error_response(503, "unavailable", "the kernel is not reachable")
+        return False
+    return True
+
+
+async def readyz(request: Request) -> Response:
+    """200 while this edge can take requests: not draining, and both the
+    kernel and the ledger answer (each through a call that reaches their
+    database). A 503 says which is missing and when to look again."""
+    gateway = gateway_of(request)
+    retry = {"Retry-After": str(READY_RETRY_AFTER_S)}
+    if gateway.draining.is_set():
+        return error_response(503, "draining", "this edge is draining", retry)
+    kernel, ledger = await asyncio.gather(
+        _reachable(gateway.kernel.list_runtimes()),
+        _reachable(gateway.ledger.list_sessions(limit=1)),
+    )
+    missing = [name for name, up in (("kernel", kernel), ("ledger", ledger)) if not up]
+    if missing:
+        return error_response(503, "unavailable", f"not reachable: {' and '.join(missing)}", retry)
     return JSONResponse({"ready": True})
 
 
