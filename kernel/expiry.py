@@ -48,7 +48,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from kernel.errors import UnknownRuntime
 from kernel.registry import RegistryStore
@@ -78,12 +78,24 @@ class Attachments:
     def attached(self, runtime_id: str) -> bool:
         return self._streams[runtime_id] > 0
 
-    async def stream(self, runtime_id: str) -> AsyncIterator[int]:
-        """Yields the server time now and every heartbeat until drained; the
-        caller's cancellation (peer gone) ends it and triggers the takeover."""
+    async def stream(
+        self, runtime_id: str, on_end: Callable[[Callable[[], None]], None] | None = None
+    ) -> AsyncGenerator[int, None]:
+        """Yields the server time now and every heartbeat until drained.
+
+        The stream's end triggers the takeover. The generator's own end is
+        not enough to see it: a server that drops a response generator
+        suspended at a `yield` (the RPC ended while a heartbeat was being
+        sent) leaves it to the garbage collector, and the runtime's leases
+        waited for their TTL. So the caller also hands `on_end` a function
+        to call when the RPC itself terminates (gRPC's done callback);
+        whichever comes first ends the attachment, once.
+        """
         if not await asyncio.to_thread(self._registry.exists, runtime_id):
             raise UnknownRuntime(f"runtime {runtime_id!r} is not registered")
-        self._streams[runtime_id] += 1
+        end = self._open(runtime_id)
+        if on_end is not None:
+            on_end(end)
         try:
             await asyncio.to_thread(self._registry.set_attached, runtime_id, True)
             yield now_ms()
@@ -93,14 +105,40 @@ class Attachments:
                 if not self._draining.is_set():
                     yield now_ms()
         finally:
-            # Nothing awaited here: this runs inside a cancelled handler.
+            end()
+
+    def _open(self, runtime_id: str) -> Callable[[], None]:
+        """Counts one stream of `runtime_id`; returns its end, which may be
+        called from any thread, any number of times (it acts once)."""
+        loop = asyncio.get_running_loop()
+        self._streams[runtime_id] += 1
+        ended = False
+
+        def end_here() -> None:
+            nonlocal ended
+            if ended:
+                return
+            ended = True
+            # Nothing awaited here: this may run inside a cancelled handler.
             self._streams[runtime_id] -= 1
             if self._streams[runtime_id] <= 0:
                 del self._streams[runtime_id]
                 if not self._draining.is_set():
-                    task = asyncio.get_running_loop().create_task(self._detached(runtime_id))
+                    task = loop.create_task(self._detached(runtime_id))
                     self._pending.add(task)
                     task.add_done_callback(self._pending.discard)
+
+        def end() -> None:
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                end_here()
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(end_here)
+
+        return end
 
     async def _detached(self, runtime_id: str) -> None:
         # A runtime that re-attached meanwhile (a reconnect) is alive.

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -73,6 +73,12 @@ def _text(value: str, what: str, limit: int = MAX_TEXT) -> str:
 
 def _optional_id(value: str, what: str) -> str:
     return check_id(value, what) if value else ""
+
+
+def _on_done(context: Context, callback: Callable[[], None]) -> None:
+    """Calls `callback` when the RPC of `context` terminates, however it ends."""
+    # grpc-stubs declare a done callback as a class; grpc calls any callable.
+    context.add_done_callback(lambda _: callback())  # type: ignore[arg-type]
 
 
 class KernelServicer(pb_grpc.KernelServiceServicer):
@@ -139,7 +145,10 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
     ) -> AsyncIterator[pb.AttachResponse]:
         runtime_id = check_id(request.runtime_id, "runtime_id")
         touched = 0
-        async for server_time in self._attachments.stream(runtime_id):
+        # The RPC's end (the peer gone), not only the generator's, ends the
+        # attachment: see Attachments.stream.
+        beats = self._attachments.stream(runtime_id, lambda end: _on_done(context, end))
+        async for server_time in beats:
             if touched and server_time - touched >= self._touch_ms:
                 # Liveness: a row never touched again is a runtime gone with
                 # the kernel that held its stream.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import pytest
@@ -131,6 +131,40 @@ async def test_a_closed_attachment_hands_its_leases_over_at_once(evented: Kernel
         await eventually(
             lambda: _attached(owner, "owner", False), what="the registry shows it detached"
         )
+
+
+async def test_the_end_of_the_rpc_hands_leases_over_even_if_its_stream_lingers(
+    evented: KernelServer,
+) -> None:
+    """gRPC may drop an Attach response generator suspended at a `yield`
+    (the peer went away while a heartbeat was being sent), leaving it to the
+    garbage collector; the leases then waited for their TTL. The RPC's own
+    end is what counts: here the stream stays suspended, unclosed, and the
+    end signalled for the RPC alone hands the lease over at once."""
+    attachments = evented.attachments
+    assert attachments is not None
+    async with (
+        KernelClient(evented.target, evented.settings) as owner,
+        KernelClient(evented.target, evented.settings) as successor,
+    ):
+        await owner.register_runtime("owner")
+        await successor.register_runtime("successor")
+        await owner.enqueue("s1", "t1", 1)
+        ends: list[Callable[[], None]] = []
+        stream = attachments.stream("owner", ends.append)
+        await anext(stream)  # attached; the generator now waits at its yield
+        lease = await owner.claim("owner")
+        assert lease is not None
+        waiting = asyncio.create_task(successor.claim("successor", wait_ms=300_000))
+        [end] = ends
+        end()
+        end()  # the generator's own end, later, must not count twice
+        taken = await asyncio.wait_for(waiting, DEADLINE_S)
+        assert taken is not None and taken.reclaimed and taken.epoch == 2
+        assert evented.metrics.totals()["expirations_disconnect"] == 1
+        # The stream was left suspended all along; closing it now ends nothing twice.
+        await stream.aclose()
+        assert evented.metrics.totals()["expirations_disconnect"] == 1
 
 
 async def _attached(client: KernelClient, runtime_id: str, expected: bool) -> bool:
