@@ -21,14 +21,22 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+# In the order an attempt meets them (a point inside a step, "mid_*", lets
+# a drain stop only at the boundary after it).
 POINTS = (
+    "after_claim",
     "after_watermark",
     "mid_stream",
     "after_assistant_commit",
     "mid_tool",
     "after_some_tool_results",
-    "after_final_before_finish",
+    "after_tool_results",
+    "after_approval_requested",
     "mid_summary",
+    "after_compaction",
+    "mid_cancel",
+    "after_final_answer",
+    "after_final_before_finish",
 )
 
 _seen: Counter[str] = Counter()

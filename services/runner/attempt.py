@@ -199,6 +199,9 @@ class Attempt:
 
     async def start(self) -> bool:
         """Fixes the watermark and raises the fence; False when nothing is owed."""
+        # Claimed, nothing committed yet: a crash here leaves only a lease
+        # (and its epoch) for the kernel to expire.
+        faults.hit("after_claim")
         if not self.facts:
             await self.refresh()
         # Inputs and decisions both wake a session: read through the latest.
@@ -384,6 +387,9 @@ class Attempt:
                 "tool_result",
                 {"toolCallId": call.tool_call_id, "content": "cancelled", "isError": True},
             )
+        # Calls closed, the cancelled inputs not yet consumed: a successor
+        # must close the settlement without closing a call twice.
+        faults.hit("mid_cancel")
         await self.commit(
             "assistant",
             {

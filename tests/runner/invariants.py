@@ -12,6 +12,8 @@ def assert_recovered(facts: list[CommittedFact]) -> None:
     assert_single_writer(facts)
     assert_each_input_answered_once(facts)
     assert_one_result_per_call(facts)
+    assert_results_follow_their_calls(facts)
+    assert_answers_within_their_watermark(facts)
 
 
 def assert_single_writer(facts: list[CommittedFact]) -> None:
@@ -42,6 +44,37 @@ def assert_one_result_per_call(facts: list[CommittedFact]) -> None:
     results = Counter(f.data["toolCallId"] for f in facts if f.kind == "tool_result")
     assert {c: results[c] for c in calls} == dict.fromkeys(calls, 1)
     assert set(results) == set(calls)
+
+
+def assert_results_follow_their_calls(facts: list[CommittedFact]) -> None:
+    """A tool result comes after the assistant fact that made its call."""
+    called_at: dict[str, int] = {}
+    for fact in facts:
+        if fact.kind == "assistant":
+            for call in fact.data.get("toolCalls") or ():
+                called_at.setdefault(call["id"], fact.seq)
+        elif fact.kind == "tool_result":
+            call_id = fact.data["toolCallId"]
+            assert call_id in called_at, f"seq {fact.seq}: a result of {call_id} before its call"
+
+
+def assert_answers_within_their_watermark(facts: list[CommittedFact]) -> None:
+    """An answer consumes only inputs, and only those its epoch fixed as
+    its watermark when it started: never an input the epoch had not read."""
+    inputs = {f.seq for f in facts if f.kind == "input"}
+    watermarks: dict[int, int] = {}
+    for fact in facts:
+        if fact.kind == "epoch_started":
+            watermarks[fact.data["epoch"]] = fact.data["watermark"]
+        elif fact.kind == "assistant" and fact.data.get("inputSeqs"):
+            consumed = fact.data["inputSeqs"]
+            strays = [s for s in consumed if s not in inputs]
+            assert not strays, f"seq {fact.seq} consumes {strays}, which are not inputs"
+            assert fact.epoch in watermarks, f"seq {fact.seq}: epoch {fact.epoch} never started"
+            watermark = watermarks[fact.epoch]
+            assert max(consumed) <= watermark, (
+                f"seq {fact.seq} consumes {consumed} beyond its epoch's watermark {watermark}"
+            )
 
 
 def assert_stream_continuous(seqs: list[int], after: int = 0) -> None:
