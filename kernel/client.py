@@ -16,14 +16,17 @@ from keel.kernel.v1 import kernel_pb2 as pb
 from keel.kernel.v1 import kernel_pb2_grpc as pb_grpc
 from kernel.codec import (
     DRAIN_TO_PB,
+    FAILURE_TO_PB,
     api_key_from_pb,
+    finish_result_from_pb,
     handoff_from_pb,
     lease_from_pb,
+    lease_info_from_pb,
     revocation_from_pb,
     runtime_from_pb,
     tenant_from_pb,
 )
-from kernel.domain import DrainMode, FinishResult, Lease, LeaseInfo
+from kernel.domain import DrainMode, FailureKind, FinishResult, Lease, LeaseInfo
 from kernel.errors import InvalidArgument, KernelError, UnknownRuntime
 from kernel.handoffs import HandoffNote
 from kernel.registry import HandoffInfo, RuntimeInfo
@@ -261,7 +264,11 @@ class KernelClient:
         *,
         failed: bool = False,
         error: str = "",
+        kind: FailureKind = FailureKind.RETRYABLE,
+        retry_after_ms: int = 0,
     ) -> FinishResult:
+        """Settles an attempt; a failed one says its `kind` and the wait
+        the provider asked for (`retry_after_ms`, 0 if it did not say)."""
         request = pb.FinishRequest(
             session_id=session_id,
             epoch=epoch,
@@ -269,13 +276,11 @@ class KernelClient:
             read_through=read_through,
             outcome=pb.FINISH_OUTCOME_FAILED if failed else pb.FINISH_OUTCOME_DONE,
             error=error,
+            failure=FAILURE_TO_PB[kind] if failed else pb.FAILURE_KIND_UNSPECIFIED,
+            retry_after_ms=max(0, retry_after_ms) if failed else 0,
         )
         response = await unary(self._stub.Finish(request), KernelError)
-        return FinishResult(
-            requeued=response.requeued,
-            parked=response.parked,
-            not_before_ms=response.not_before_ms,
-        )
+        return finish_result_from_pb(response)
 
     async def enqueue(
         self, session_id: str, tenant_id: str, input_seq: int = 0, unpark: bool = False
@@ -288,11 +293,7 @@ class KernelClient:
     async def get_lease(self, session_id: str) -> LeaseInfo:
         request = pb.GetLeaseRequest(session_id=session_id)
         response = await unary(self._stub.GetLease(request), KernelError)
-        return LeaseInfo(
-            lease=lease_from_pb(response.lease) if response.HasField("lease") else None,
-            queued=response.queued,
-            parked=response.parked,
-        )
+        return lease_info_from_pb(response)
 
     # -- tenants --
 

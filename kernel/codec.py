@@ -7,7 +7,7 @@ field added to a lease, a runtime or a key is mapped in exactly one place.
 from __future__ import annotations
 
 from keel.kernel.v1 import kernel_pb2 as pb
-from kernel.domain import DrainMode, Lease
+from kernel.domain import DrainMode, FailureKind, FinishResult, Lease, LeaseInfo
 from kernel.registry import HandoffInfo, RuntimeInfo
 from kernel.tenancy import ApiKeyInfo, Revocation, TenantInfo
 
@@ -17,6 +17,13 @@ DRAIN_TO_PB: dict[DrainMode, pb.DrainMode.ValueType] = {
     DrainMode.SHUTDOWN: pb.DRAIN_MODE_SHUTDOWN,
 }
 DRAIN_FROM_PB = {value: mode for mode, value in DRAIN_TO_PB.items()}
+FAILURE_TO_PB: dict[FailureKind, pb.FailureKind.ValueType] = {
+    FailureKind.RETRYABLE: pb.FAILURE_KIND_RETRYABLE,
+    FailureKind.PERMANENT: pb.FAILURE_KIND_PERMANENT,
+    FailureKind.RATE_LIMITED: pb.FAILURE_KIND_RATE_LIMITED,
+}
+# Unspecified (a caller that predates the field) means retryable.
+FAILURE_FROM_PB = {value: kind for kind, value in FAILURE_TO_PB.items()}
 
 
 def lease_to_pb(lease: Lease) -> pb.Lease:
@@ -29,6 +36,7 @@ def lease_to_pb(lease: Lease) -> pb.Lease:
         expires_at_ms=lease.expires_at_ms,
         reclaimed=lease.reclaimed,
         failures=lease.failures,
+        rate_limits=lease.rate_limits,
     )
 
 
@@ -42,6 +50,51 @@ def lease_from_pb(message: pb.Lease) -> Lease:
         expires_at_ms=message.expires_at_ms,
         reclaimed=message.reclaimed,
         failures=message.failures,
+        rate_limits=message.rate_limits,
+    )
+
+
+def lease_info_to_pb(info: LeaseInfo) -> pb.GetLeaseResponse:
+    response = pb.GetLeaseResponse(
+        queued=info.queued,
+        parked=info.parked,
+        failures=info.failures,
+        rate_limits=info.rate_limits,
+        not_before_ms=info.not_before_ms,
+        last_error=info.last_error,
+    )
+    if info.lease is not None:
+        response.lease.CopyFrom(lease_to_pb(info.lease))
+    return response
+
+
+def lease_info_from_pb(message: pb.GetLeaseResponse) -> LeaseInfo:
+    return LeaseInfo(
+        lease=lease_from_pb(message.lease) if message.HasField("lease") else None,
+        queued=message.queued,
+        parked=message.parked,
+        failures=message.failures,
+        rate_limits=message.rate_limits,
+        not_before_ms=message.not_before_ms,
+        last_error=message.last_error,
+    )
+
+
+def finish_result_to_pb(result: FinishResult) -> pb.FinishResponse:
+    return pb.FinishResponse(
+        requeued=result.requeued,
+        parked=result.parked,
+        not_before_ms=result.not_before_ms,
+        parked_reason=result.parked_reason,
+    )
+
+
+def finish_result_from_pb(message: pb.FinishResponse) -> FinishResult:
+    return FinishResult(
+        requeued=message.requeued,
+        parked=message.parked,
+        not_before_ms=message.not_before_ms,
+        parked_reason=message.parked_reason,
     )
 
 

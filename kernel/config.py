@@ -32,6 +32,13 @@ class KernelConfig:
     # Backoff after the n-th consecutive failure: base * 2^(n-1), capped.
     backoff_base_ms: int = 1_000
     backoff_cap_ms: int = 60_000
+    # Consecutive rate-limited attempts (a provider's 429 or 529) after which
+    # a session is parked. They do not count toward max_attempts: a throttled
+    # provider is not the session's fault. Each waits at least the
+    # provider's retry-after, and at least the backoff of its count.
+    max_rate_limited: int = 20
+    # The longest wait a provider's retry-after is honoured for.
+    retry_after_cap_ms: int = 900_000
     # How often owing sessions are re-read from the ledger (lost wake-ups).
     reconcile_ms: int = 5_000
     # A waiting claim re-checks the store this often even without a wake-up,
@@ -53,7 +60,13 @@ class KernelConfig:
 
     @property
     def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(self.max_attempts, self.backoff_base_ms, self.backoff_cap_ms)
+        return RetryPolicy(
+            self.max_attempts,
+            self.backoff_base_ms,
+            self.backoff_cap_ms,
+            self.max_rate_limited,
+            self.retry_after_cap_ms,
+        )
 
     def sweep_interval_ms(self, lease_ms: int) -> int:
         if self.sweep_ms > 0:
@@ -73,6 +86,8 @@ class KernelConfig:
             max_attempts=_int(env, "KEEL_MAX_ATTEMPTS", 5, 1),
             backoff_base_ms=_int(env, "KEEL_BACKOFF_BASE_MS", 1_000, 0),
             backoff_cap_ms=_int(env, "KEEL_BACKOFF_CAP_MS", 60_000, 0),
+            max_rate_limited=_int(env, "KEEL_MAX_RATE_LIMITED", 20, 1),
+            retry_after_cap_ms=_int(env, "KEEL_RETRY_AFTER_CAP_MS", 900_000, 0),
             reconcile_ms=_int(env, "KEEL_RECONCILE_MS", 5_000, 10),
             recheck_ms=_int(env, "KEEL_CLAIM_RECHECK_MS", 500, 10),
             sweep_ms=_int(env, "KEEL_SWEEP_MS", 0, 0),

@@ -136,6 +136,8 @@ _ADDED_COLUMNS = (
     ("api_keys", "operator", "INTEGER NOT NULL DEFAULT 0"),
     # 0: not revoked. Keys made before revocation existed are all valid.
     ("api_keys", "revoked_at_ms", "BIGINT NOT NULL DEFAULT 0"),
+    # Consecutive rate-limited attempts (kernel.retries); none before.
+    ("kernel_sessions", "rate_limits", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 _SERIAL = {

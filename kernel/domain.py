@@ -28,6 +28,11 @@ from typing import Any
 
 from kernel.errors import InvalidArgument, LeaseLost, StaleEpoch
 
+# Re-exported: callers of `finish` name the failure kind and the policy here.
+from kernel.retries import FailureKind as FailureKind
+from kernel.retries import RetryPolicy as RetryPolicy
+from kernel.retries import settle_failure
+
 DEFAULT_MAX_RUNS = 8
 DEFAULT_LOADOUT: dict[str, Any] = {
     "model": {"provider": "scripted", "name": "scripted-1"},
@@ -83,6 +88,8 @@ class Lease:
     reclaimed: bool
     # Consecutive failed attempts before this claim.
     failures: int
+    # Consecutive rate-limited attempts before this claim.
+    rate_limits: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,8 @@ class FinishResult:
     requeued: bool
     parked: bool
     not_before_ms: int
+    # Why the session was parked ("" unless parked).
+    parked_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,20 +109,12 @@ class LeaseInfo:
     queued: bool
     # Too many consecutive failures: not claimable until unparked.
     parked: bool
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    max_attempts: int = 5
-    backoff_base_ms: int = 1_000
-    backoff_cap_ms: int = 60_000
-
-    def backoff_ms(self, failures: int) -> int:
-        """Delay after the `failures`-th consecutive failure (base, 2 base, 4 base …)."""
-        if failures <= 0:
-            return 0
-        # The shift is bounded so a huge failure count cannot build a huge int.
-        return min(self.backoff_cap_ms, self.backoff_base_ms << min(failures - 1, 32))
+    # Why the last attempts failed, and when the next may start.
+    failures: int = 0
+    rate_limits: int = 0
+    not_before_ms: int = 0
+    # The last failure's error; once parked, why it was parked.
+    last_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,8 @@ class SessionRecord:
     expired_by: str = ""
     failures: int = 0
     last_error: str = ""
+    # Consecutive rate-limited attempts (they do not count as failures).
+    rate_limits: int = 0
 
     def live(self, now_ms: int) -> bool:
         """A lease is in force: its holder may write, nobody else may claim."""
@@ -163,6 +166,7 @@ class SessionRecord:
             expires_at_ms=self.expires_at_ms,
             reclaimed=reclaimed,
             failures=self.failures,
+            rate_limits=self.rate_limits,
         )
 
     def info(self, now_ms: int) -> LeaseInfo:
@@ -170,6 +174,10 @@ class SessionRecord:
             lease=self.lease() if self.live(now_ms) else None,
             queued=self.queued,
             parked=self.parked,
+            failures=self.failures,
+            rate_limits=self.rate_limits,
+            not_before_ms=self.not_before_ms,
+            last_error=self.last_error,
         )
 
 
@@ -213,7 +221,9 @@ def enqueue(record: SessionRecord, input_seq: int, unpark: bool, now_ms: int) ->
     """Marks the session as owing work; `unpark` also clears a parked state."""
     updated = replace(record, input_seq=max(record.input_seq, input_seq))
     if unpark and record.parked:
-        updated = replace(updated, parked=False, failures=0, not_before_ms=0, queued_at_ms=now_ms)
+        updated = replace(
+            updated, parked=False, failures=0, rate_limits=0, not_before_ms=0, queued_at_ms=now_ms
+        )
     if not record.queued:
         updated = replace(updated, queued=True, queued_at_ms=now_ms)
     return Transition(record, updated, event=Event.ENQUEUE)
@@ -341,13 +351,17 @@ def finish(
     error: str,
     now_ms: int,
     policy: RetryPolicy,
+    *,
+    kind: FailureKind = FailureKind.RETRYABLE,
+    retry_after_ms: int = 0,
 ) -> tuple[Transition, FinishResult]:
     """Settles an attempt.
 
-    Success clears the failure count; the session leaves the queue unless an
-    input newer than `read_through` was announced. Failure backs off
-    exponentially and parks the session after `policy.max_attempts`
-    consecutive failures.
+    Success clears the failure counts; the session leaves the queue unless an
+    input newer than `read_through` was announced. A failure of `kind` is
+    retried or parks the session by the rules of `kernel.retries` (a
+    provider's `retry_after_ms` delays the next attempt); parked, the
+    record's `last_error` says why.
     """
     check_holder(record, epoch, runtime_id, now_ms)
     ended = replace(record, state=LeaseState.FINISHED, expires_at_ms=now_ms, expired_by="")
@@ -357,6 +371,7 @@ def finish(
         updated = replace(
             ended,
             failures=0,
+            rate_limits=0,
             last_error="",
             not_before_ms=0,
             queued=newer,
@@ -365,20 +380,26 @@ def finish(
         result = FinishResult(requeued=newer, parked=False, not_before_ms=0)
         event = Event.FINISH_DONE
     else:
-        failures = record.failures + 1
-        parked = failures >= policy.max_attempts
-        not_before = 0 if parked else now_ms + policy.backoff_ms(failures)
+        outcome = settle_failure(
+            record.failures, record.rate_limits, kind, error, retry_after_ms, now_ms, policy
+        )
         updated = replace(
             ended,
-            failures=failures,
-            last_error=error,
+            failures=outcome.failures,
+            rate_limits=outcome.rate_limits,
+            last_error=outcome.parked_reason or error,
             queued=True,
-            parked=parked,
-            not_before_ms=not_before,
+            parked=outcome.parked,
+            not_before_ms=outcome.not_before_ms,
             queued_at_ms=now_ms,
         )
-        result = FinishResult(requeued=not parked, parked=parked, not_before_ms=not_before)
-        event = Event.FINISH_PARKED if parked else Event.FINISH_FAILED
+        result = FinishResult(
+            requeued=not outcome.parked,
+            parked=outcome.parked,
+            not_before_ms=outcome.not_before_ms,
+            parked_reason=outcome.parked_reason,
+        )
+        event = Event.FINISH_PARKED if outcome.parked else Event.FINISH_FAILED
     transition = Transition(record, updated, slot_delta=-1, event=event, duration_ms=held_for)
     return transition, result
 

@@ -22,15 +22,18 @@ from keel.kernel.v1 import kernel_pb2 as pb
 from keel.kernel.v1 import kernel_pb2_grpc as pb_grpc
 from kernel.codec import (
     DRAIN_FROM_PB,
+    FAILURE_FROM_PB,
     api_key_to_pb,
+    finish_result_to_pb,
     handoff_to_pb,
+    lease_info_to_pb,
     lease_to_pb,
     revocation_to_pb,
     runtime_to_pb,
     tenant_to_pb,
 )
 from kernel.config import KernelConfig
-from kernel.domain import DrainMode, Lease, check_id
+from kernel.domain import DrainMode, FailureKind, Lease, check_id
 from kernel.errors import InvalidArgument
 from kernel.expiry import Attachments
 from kernel.handoffs import HandoffNote
@@ -292,10 +295,10 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
             _non_negative(request.read_through, "read_through"),
             request.outcome == pb.FINISH_OUTCOME_FAILED,
             request.error[:MAX_TEXT],
+            FAILURE_FROM_PB.get(request.failure, FailureKind.RETRYABLE),
+            _non_negative(request.retry_after_ms, "retry_after_ms"),
         )
-        return pb.FinishResponse(
-            requeued=result.requeued, parked=result.parked, not_before_ms=result.not_before_ms
-        )
+        return finish_result_to_pb(result)
 
     @unary_errors
     async def Enqueue(self, request: pb.EnqueueRequest, context: Context) -> pb.EnqueueResponse:
@@ -313,10 +316,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         info = await asyncio.to_thread(
             self._leases.get_lease, check_id(request.session_id, "session_id")
         )
-        response = pb.GetLeaseResponse(queued=info.queued, parked=info.parked)
-        if info.lease is not None:
-            response.lease.CopyFrom(lease_to_pb(info.lease))
-        return response
+        return lease_info_to_pb(info)
 
     # -- tenants --
 

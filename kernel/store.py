@@ -25,6 +25,7 @@ from typing import TypeVar
 from kernel import admission, domain
 from kernel.database import Database, Row, Tx
 from kernel.domain import (
+    FailureKind,
     FinishResult,
     Lease,
     LeaseInfo,
@@ -264,10 +265,21 @@ class LeaseStore:
         read_through: int,
         failed: bool = False,
         error: str = "",
+        kind: FailureKind = FailureKind.RETRYABLE,
+        retry_after_ms: int = 0,
     ) -> FinishResult:
         def decide(record: SessionRecord, now: int) -> tuple[Transition, FinishResult]:
             return domain.finish(
-                record, epoch, runtime_id, read_through, failed, error, now, self.policy
+                record,
+                epoch,
+                runtime_id,
+                read_through,
+                failed,
+                error,
+                now,
+                self.policy,
+                kind=kind,
+                retry_after_ms=retry_after_ms,
             )
 
         return self._on_lease(session_id, decide)

@@ -23,6 +23,7 @@ from anthropic.types import MessageParam, RawContentBlockDelta, RawMessageStream
 from anthropic.types.raw_content_block_start_event import ContentBlock
 
 from agent_io.providers.base import (
+    RATE_LIMIT_STATUSES,
     Completed,
     ConfiguredModel,
     ContextOverflow,
@@ -33,6 +34,7 @@ from agent_io.providers.base import (
     ThinkingDelta,
     ToolCallDelta,
     Usage,
+    retry_after_ms,
     tool_call,
 )
 from agent_io.providers.tool_names import ToolNames
@@ -51,6 +53,8 @@ _STOP_REASONS = {
 _RETRYABLE_STATUSES = frozenset({408, 409, 429})
 # Error types that may arrive inside an accepted stream (HTTP status 200).
 _RETRYABLE_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
+# Of those, the provider throttling (or out of capacity), not failing.
+_RATE_LIMIT_TYPES = frozenset({"overloaded_error", "rate_limit_error"})
 _EPHEMERAL = {"type": "ephemeral"}
 # tool_use ids must match this; ids minted by another provider may not.
 _TOOL_ID_INVALID = re.compile(r"[^a-zA-Z0-9_-]")
@@ -287,12 +291,16 @@ def provider_error(exc: AnthropicError) -> ProviderError:
     if is_context_overflow(message):
         return ContextOverflow(message, status=status)
     if isinstance(exc, APIStatusError):
-        retryable = (
-            status in _RETRYABLE_STATUSES or status >= 500 or str(exc.type) in _RETRYABLE_TYPES
+        kind = str(exc.type)
+        retryable = status in _RETRYABLE_STATUSES or status >= 500 or kind in _RETRYABLE_TYPES
+        throttled = status in RATE_LIMIT_STATUSES or kind in _RATE_LIMIT_TYPES
+        # The runner's retry honours the wait the provider asked for (an
+        # error event inside an accepted stream has no headers of its own).
+        wait = retry_after_ms(exc.response.headers) if status else None
+        return ProviderError(
+            message, retryable=retryable, status=status, rate_limited=throttled, retry_after_ms=wait
         )
-    else:
-        retryable = isinstance(exc, APIConnectionError)
-    return ProviderError(message, retryable=retryable, status=status)
+    return ProviderError(message, retryable=isinstance(exc, APIConnectionError), status=status)
 
 
 class AnthropicMessages(ConfiguredModel):

@@ -20,7 +20,10 @@ or raises a `ProviderError`.
 
 from __future__ import annotations
 
+import email.utils
 import json
+import math
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias
@@ -144,12 +147,78 @@ def tool_call(call_id: str, name: str, arguments_text: str) -> dict[str, Any]:
 
 
 class ProviderError(Exception):
-    """A model call failed. `retryable` tells a transient fault from a terminal one."""
+    """A model call failed. `retryable` tells a transient fault from a terminal one.
 
-    def __init__(self, message: str, *, retryable: bool = False, status: int = 0) -> None:
+    `rate_limited`: the provider is throttling (429, 529 overloaded), which
+    is retryable but no fault of the session; `retry_after_ms`: how long the
+    provider asked the caller to wait (None when it did not say).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = False,
+        status: int = 0,
+        rate_limited: bool = False,
+        retry_after_ms: int | None = None,
+    ) -> None:
         super().__init__(message)
-        self.retryable = retryable
+        self.retryable = retryable or rate_limited
         self.status = status
+        self.rate_limited = rate_limited
+        self.retry_after_ms = retry_after_ms
+
+
+# Statuses that mean "too many requests, or no capacity now": 429, and 529,
+# Anthropic's overloaded (some OpenAI-compatible gateways use it too).
+RATE_LIMIT_STATUSES = frozenset({429, 529})
+# A longer wait than this in a header is taken as this (the kernel caps it
+# further): a day is already no longer a retry.
+_MAX_RETRY_AFTER_MS = 86_400_000
+
+
+def retry_after_ms(headers: Mapping[str, str] | None, now: float | None = None) -> int | None:
+    """The wait a response's headers ask for, in milliseconds, or None.
+
+    `retry-after-ms` (OpenAI's, milliseconds) wins over `retry-after`
+    (seconds, or an HTTP date). `headers` must look names up without regard
+    to case, as httpx's do. A value that does not parse, or is negative, is
+    no request to wait.
+    """
+    if headers is None:
+        return None
+    waited = _number(headers.get("retry-after-ms"))
+    if waited is None:
+        seconds = _number(headers.get("retry-after"))
+        if seconds is None:
+            seconds = _seconds_until(headers.get("retry-after"), now)
+        waited = None if seconds is None else seconds * 1000
+    if waited is None or waited < 0:
+        return None
+    return min(_MAX_RETRY_AFTER_MS, math.ceil(waited))
+
+
+def _number(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value.strip())
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _seconds_until(value: str | None, now: float | None) -> float | None:
+    if not value:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 class ContextOverflow(ProviderError):

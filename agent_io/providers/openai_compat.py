@@ -26,6 +26,7 @@ from openai import (
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from agent_io.providers.base import (
+    RATE_LIMIT_STATUSES,
     Completed,
     ConfiguredModel,
     ContextOverflow,
@@ -36,6 +37,7 @@ from agent_io.providers.base import (
     ThinkingDelta,
     ToolCallDelta,
     Usage,
+    retry_after_ms,
     tool_call,
 )
 from agent_io.providers.tool_names import ToolNames
@@ -51,6 +53,9 @@ _STOP_REASONS = {
 # The statuses the SDK itself would retry: timeouts, lock conflicts, rate
 # limits and server faults. The runner owns retries, so the SDK's are off.
 _RETRYABLE_STATUSES = frozenset({408, 409, 429})
+# Error codes of a rate limit, also inside an accepted stream (status 200).
+_RATE_LIMIT_CODES = frozenset({"rate_limit_exceeded"})
+_QUOTA_CODES = frozenset({"insufficient_quota"})
 # Where OpenAI-compatible servers put reasoning text (DeepSeek, vLLM, OpenRouter).
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
 
@@ -242,14 +247,23 @@ def provider_error(exc: OpenAIError) -> ProviderError:
     code = exc.code if isinstance(exc, APIError) else None
     if code == "context_length_exceeded" or is_context_overflow(message):
         return ContextOverflow(message, status=status)
+    wait = None
     if isinstance(exc, APIStatusError):
         retryable = status in _RETRYABLE_STATUSES or status >= 500
+        # The runner's retry honours the wait the provider asked for.
+        wait = retry_after_ms(exc.response.headers)
     else:
         # Connection faults and timeouts, and an error event inside a stream
         # the server had accepted (a bare APIError): both are worth a retry.
         # Anything else (a response that does not parse...) would fail again.
         retryable = isinstance(exc, APIConnectionError) or type(exc) is APIError
-    return ProviderError(message, retryable=retryable, status=status)
+    throttled = status in RATE_LIMIT_STATUSES or code in _RATE_LIMIT_CODES
+    if code in _QUOTA_CODES:
+        # A 429 too, but the account is out of credit: no wait will fix it.
+        retryable = throttled = False
+    return ProviderError(
+        message, retryable=retryable, status=status, rate_limited=throttled, retry_after_ms=wait
+    )
 
 
 class OpenAICompatible(ConfiguredModel):

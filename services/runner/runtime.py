@@ -37,6 +37,7 @@ from agent_io.providers import (
 from agent_io.tools import CounterStore, ToolCatalog, builtin_tools
 from agent_io.tools.factory import SourceFactory, ToolDefaults
 from kernel import KernelClient, Lease
+from kernel.domain import FailureKind
 from services.blob_parts import BlobContent
 from services.blobs import BlobStore, blob_store
 from services.common import faults
@@ -363,11 +364,11 @@ class Runtime:
             await self._drainer.settle_at_boundary(attempt)
             return
         except ProviderError as error:
-            await self._failed(attempt, str(error), error.retryable)
+            await self._failed(attempt, str(error), failure_kind(error), error.retry_after_ms)
             return
         except Exception as error:  # a bug must not strand the session
             log.exception("attempt on %s failed", lease.session_id)
-            await self._failed(attempt, f"internal error: {error}", True)
+            await self._failed(attempt, f"internal error: {error}", FailureKind.RETRYABLE)
             return
         finally:
             renewal.cancel()
@@ -378,13 +379,30 @@ class Runtime:
             lease.session_id, lease.epoch, self.runtime_id, read_through=attempt.watermark
         )
 
-    async def _failed(self, attempt: Attempt, error: str, retryable: bool) -> None:
+    async def _failed(
+        self,
+        attempt: Attempt,
+        error: str,
+        kind: FailureKind,
+        retry_after_ms: int | None = None,
+    ) -> None:
+        """Settles a failed attempt: the ledger says what failed and whether
+        it is retried; the kernel decides when, or parks the session (a
+        failure that retrying cannot fix parks it at once)."""
         lease = attempt.lease
+        rate_limited = kind is FailureKind.RATE_LIMITED
+        data: dict[str, Any] = {
+            "error": error,
+            "retryable": kind is not FailureKind.PERMANENT,
+            # Which consecutive one this is, toward its own ceiling.
+            "attempt": (lease.rate_limits if rate_limited else lease.failures) + 1,
+        }
+        if rate_limited:
+            data["rateLimited"] = True
+        if retry_after_ms is not None:
+            data["retryAfterMs"] = retry_after_ms
         with contextlib.suppress(Fenced):
-            await attempt.commit(
-                "attempt_failed",
-                {"error": error, "retryable": retryable, "attempt": lease.failures + 1},
-            )
+            await attempt.commit("attempt_failed", data)
         result = await self.kernel.finish(
             lease.session_id,
             lease.epoch,
@@ -392,13 +410,23 @@ class Runtime:
             read_through=attempt.watermark,
             failed=True,
             error=error,
+            kind=kind,
+            retry_after_ms=retry_after_ms or 0,
         )
         if result.parked:
+            # The kernel says why (an older kernel does not: the count).
+            reason = result.parked_reason or (
+                f"gave up after {lease.failures + 1} failed attempts: {error}"
+            )
             with contextlib.suppress(Fenced):
-                await attempt.commit(
-                    "session_parked",
-                    {"reason": f"gave up after {lease.failures + 1} failed attempts: {error}"},
-                )
+                await attempt.commit("session_parked", {"reason": reason})
+
+
+def failure_kind(error: ProviderError) -> FailureKind:
+    """How the kernel should treat a provider's failure."""
+    if error.rate_limited:
+        return FailureKind.RATE_LIMITED
+    return FailureKind.RETRYABLE if error.retryable else FailureKind.PERMANENT
 
 
 async def drive(attempt: Attempt) -> None:

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from kernel import domain
-from kernel.domain import ExpiredBy, LeaseState, RetryPolicy, SessionRecord
+from kernel.domain import ExpiredBy, FailureKind, LeaseState, RetryPolicy, SessionRecord
 from kernel.errors import InvalidArgument, LeaseLost, StaleEpoch
 
 TTL = 1_000
@@ -145,6 +145,84 @@ def test_failures_back_off_then_park_then_unpark() -> None:
     assert not domain.enqueue(parked, 2, False, now).record.claimable(now + 10**9)
     unparked = domain.enqueue(parked, 2, True, now).record
     assert unparked.claimable(now) and unparked.failures == 0
+
+
+def failed(
+    record: SessionRecord,
+    now: int,
+    kind: FailureKind,
+    retry_after_ms: int = 0,
+    policy: RetryPolicy = POLICY,
+) -> tuple[SessionRecord, domain.FinishResult]:
+    """Claims `record` at `now` and fails the attempt with `kind`."""
+    held = claimed(record, now=now)
+    transition, result = domain.finish(
+        held,
+        held.epoch,
+        "r1",
+        1,
+        True,
+        "boom",
+        now,
+        policy,
+        kind=kind,
+        retry_after_ms=retry_after_ms,
+    )
+    return transition.record, result
+
+
+def test_a_permanent_failure_parks_at_once_and_says_why() -> None:
+    record, result = failed(queued(), 0, FailureKind.PERMANENT)
+    assert result.parked and not result.requeued and result.not_before_ms == 0
+    assert result.parked_reason == "failed with an error that retrying cannot fix: boom"
+    assert record.parked and record.failures == 1
+    info = record.info(0)
+    assert info.parked and info.last_error == result.parked_reason
+
+
+def test_a_retryable_failure_waits_for_the_providers_retry_after() -> None:
+    record, result = failed(queued(), 50, FailureKind.RETRYABLE, retry_after_ms=5_000)
+    assert result.requeued and result.not_before_ms == 50 + 5_000
+    assert record.failures == 1 and record.last_error == "boom"
+    # A shorter wait than the backoff does not shorten the backoff.
+    _, result = failed(queued(), 50, FailureKind.RETRYABLE, retry_after_ms=1)
+    assert result.not_before_ms == 50 + POLICY.backoff_ms(1)
+
+
+def test_a_retry_after_is_honoured_up_to_the_cap() -> None:
+    policy = replace(POLICY, retry_after_cap_ms=2_000)
+    _, result = failed(queued(), 0, FailureKind.RATE_LIMITED, 10**9, policy)
+    assert result.not_before_ms == 2_000
+
+
+def test_rate_limits_spend_their_own_budget_not_max_attempts() -> None:
+    policy = replace(POLICY, max_rate_limited=5)
+    record, now = queued(), 0
+    # One real failure, then more rate limits than max_attempts.
+    record, result = failed(record, now, FailureKind.RETRYABLE)
+    now = result.not_before_ms
+    for count in range(1, policy.max_rate_limited):
+        record, result = failed(record, now, FailureKind.RATE_LIMITED, 700, policy)
+        assert result.requeued and not result.parked
+        assert result.not_before_ms == now + max(700, policy.backoff_ms(count))
+        assert (record.failures, record.rate_limits) == (1, count)
+        assert claimed(record, now=result.not_before_ms).lease().rate_limits == count
+        now = result.not_before_ms
+    record, result = failed(record, now, FailureKind.RATE_LIMITED, 700, policy)
+    assert result.parked and record.parked
+    assert result.parked_reason.startswith(
+        "still rate limited by the model provider after 5 attempts (the limit is 5): "
+    )
+    assert record.info(now).last_error == result.parked_reason
+    unparked = domain.enqueue(record, 2, True, now).record
+    assert (unparked.failures, unparked.rate_limits) == (0, 0)
+
+
+def test_success_clears_the_rate_limit_count() -> None:
+    record, result = failed(queued(), 0, FailureKind.RATE_LIMITED, 100)
+    held = claimed(record, now=result.not_before_ms)
+    transition, _ = domain.finish(held, held.epoch, "r1", 1, False, "", 500, POLICY)
+    assert transition.record.rate_limits == 0
 
 
 def test_success_resets_the_failure_count() -> None:

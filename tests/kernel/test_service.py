@@ -26,6 +26,7 @@ from kernel import (
     UnknownTenant,
 )
 from kernel.config import KernelConfig
+from kernel.domain import FailureKind
 from services.common.config import Settings
 from services.common.errors import error_info
 from services.common.serving import open_channel
@@ -228,6 +229,42 @@ async def test_failed_attempts_back_off_then_park_until_unparked(client: KernelC
     await client.enqueue("s1", "t1", 2, unpark=True)
     lease = await client.claim("r1", wait_ms=30_000)
     assert lease is not None and lease.failures == 0
+
+
+async def test_a_failures_kind_and_retry_after_travel_to_the_kernel(client: KernelClient) -> None:
+    await client.register_runtime("r1")
+    await client.enqueue("s1", "t1", 1)
+    lease = await client.claim("r1", wait_ms=30_000)
+    assert lease is not None
+    result = await client.finish(
+        "s1",
+        lease.epoch,
+        "r1",
+        1,
+        failed=True,
+        error="429",
+        kind=FailureKind.RATE_LIMITED,
+        retry_after_ms=60_000,
+    )
+    assert result.requeued and not result.parked
+    info = await client.get_lease("s1")
+    # Not a failure; the next attempt waits for the provider's minute.
+    assert (info.failures, info.rate_limits, info.last_error) == (0, 1, "429")
+    assert info.not_before_ms == result.not_before_ms
+    assert await client.claim("r1", wait_ms=30) is None
+    # A new input does not cut the provider's wait short.
+    await client.enqueue("s1", "t1", 2, unpark=True)
+    assert await client.claim("r1", wait_ms=30) is None
+
+    await client.enqueue("s2", "t1", 1)
+    lease = await client.claim("r1", wait_ms=30_000)
+    assert lease is not None and lease.session_id == "s2"
+    result = await client.finish(
+        "s2", lease.epoch, "r1", 1, failed=True, error="401", kind=FailureKind.PERMANENT
+    )
+    assert result.parked and result.parked_reason.endswith(": 401")
+    info = await client.get_lease("s2")
+    assert info.parked and info.failures == 1 and info.last_error == result.parked_reason
 
 
 async def test_admission_limits_follow_the_latest_loadout(client: KernelClient) -> None:

@@ -157,7 +157,8 @@ def test_failures_back_off_park_and_unpark(stores: Stores) -> None:
     lease = stores.leases.claim("r1")
     assert lease is not None and lease.failures == 0
     record = stores.leases.record("s1")
-    assert record is not None and record.last_error == "provider"
+    # Parked, the record said why; unparking keeps it until the next outcome.
+    assert record is not None and record.last_error == "gave up after 3 failed attempts: provider"
 
 
 def test_a_draining_runtime_claims_nothing(stores: Stores) -> None:

@@ -28,6 +28,7 @@ from compaction.policy import message_from_dict
 from services.common.secrets import SecretPolicy
 from tests.runner.wire_servers import WireServer, error_reply, event_frame, sse_reply
 from tests.support.blobs import PNG, attached
+from tests.support.fault_provider import Fault, FaultyProvider, anthropic_error
 
 MODEL = "claude-test"
 CLOCK = ToolSpec("clock", "Current time.", {"type": "object", "properties": {"tz": {}}})
@@ -452,6 +453,39 @@ async def test_http_errors_are_classified(
     assert len(server.received) == 1  # the SDK did not retry on its own
 
 
+@pytest.mark.parametrize(
+    ("fault", "retryable", "rate_limited", "wait_ms"),
+    [
+        (
+            anthropic_error(429, "rate_limit_error", "Slow down.", retry_after="30"),
+            True,
+            True,
+            30_000,
+        ),
+        (anthropic_error(529, "overloaded_error", "Overloaded", retry_after="4"), True, True, 4000),
+        (anthropic_error(500, "api_error", "Internal", retry_after="1"), True, False, 1000),
+        (anthropic_error(401, "authentication_error", "invalid x-api-key"), False, False, None),
+    ],
+)
+async def test_rate_limits_and_retry_after_are_read(
+    fault: Fault, retryable: bool, rate_limited: bool, wait_ms: int | None
+) -> None:
+    async with FaultyProvider("/v1/messages", faults=[fault]) as faulty:
+        adapter = AnthropicMessages(model=MODEL, api_key="k", base_url=faulty.url)
+        try:
+            with pytest.raises(ProviderError) as caught:
+                await collect(adapter, hello())
+        finally:
+            await adapter.aclose()
+    error = caught.value
+    assert (error.retryable, error.rate_limited, error.retry_after_ms) == (
+        retryable,
+        rate_limited,
+        wait_ms,
+    )
+    assert faulty.requests == 1  # the SDK did not wait and retry on its own
+
+
 async def test_overload_inside_the_stream_is_retryable(
     server: WireServer, provider: AnthropicMessages
 ) -> None:
@@ -461,6 +495,8 @@ async def test_overload_inside_the_stream_is_retryable(
         await collect(provider, hello())
     assert caught.value.retryable
     assert not isinstance(caught.value, ContextOverflow)
+    # Out of capacity, not failing; an accepted stream's headers ask no wait.
+    assert caught.value.rate_limited and caught.value.retry_after_ms is None
 
 
 async def test_a_cut_stream_is_not_an_answer(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import email.utils
 import json
 import re
 import socket
@@ -26,11 +27,13 @@ from agent_io.providers import (
     Usage,
     provider_from_loadout,
 )
+from agent_io.providers.base import retry_after_ms
 from compaction.transcript import request_messages
 from services.common.secrets import SecretPolicy
 from services.ledger.facts import CommittedFact
 from tests.runner.wire_servers import WireServer, data_frame, error_reply, sse_reply
 from tests.support.blobs import PNG, attached
+from tests.support.fault_provider import Fault, FaultyProvider, openai_error
 
 MODEL = "gpt-test"
 CLOCK = ToolSpec("clock", "Current time.", {"type": "object", "properties": {}})
@@ -311,6 +314,60 @@ async def test_http_errors_are_classified(
     assert caught.value.retryable is retryable
     assert caught.value.status == status
     assert len(server.received) == 1  # the SDK did not retry on its own
+
+
+@pytest.mark.parametrize(
+    ("fault", "retryable", "rate_limited", "wait_ms"),
+    [
+        (
+            openai_error(429, "Slow down.", "rate_limit_exceeded", retry_after="30"),
+            True,
+            True,
+            30_000,
+        ),
+        (
+            openai_error(529, "Overloaded.", retry_after_ms="1500", retry_after="9"),
+            True,
+            True,
+            1500,
+        ),
+        (openai_error(429, "Slow down."), True, True, None),
+        (openai_error(503, "Unavailable.", retry_after="2"), True, False, 2000),
+        # A 429 that no wait fixes: the account is out of credit.
+        (openai_error(429, "Quota exceeded.", "insufficient_quota"), False, False, None),
+        (openai_error(401, "Incorrect API key.", "invalid_api_key"), False, False, None),
+    ],
+)
+async def test_rate_limits_and_retry_after_are_read(
+    fault: Fault, retryable: bool, rate_limited: bool, wait_ms: int | None
+) -> None:
+    async with FaultyProvider(faults=[fault]) as faulty:
+        adapter = OpenAICompatible(model=MODEL, api_key="k", base_url=f"{faulty.url}/v1")
+        try:
+            with pytest.raises(ProviderError) as caught:
+                await collect(adapter, hello())
+        finally:
+            await adapter.aclose()
+    error = caught.value
+    assert (error.retryable, error.rate_limited, error.retry_after_ms) == (
+        retryable,
+        rate_limited,
+        wait_ms,
+    )
+    assert faulty.requests == 1  # the SDK did not wait and retry on its own
+
+
+def test_retry_after_forms() -> None:
+    now = 1_700_000_000.0
+    in_a_minute = email.utils.formatdate(now + 60, usegmt=True)
+    assert retry_after_ms({"retry-after": in_a_minute}, now) == 60_000
+    assert retry_after_ms({"retry-after": email.utils.formatdate(now - 60, usegmt=True)}, now) == 0
+    assert retry_after_ms({"retry-after": "0.25"}) == 250
+    assert retry_after_ms({"retry-after-ms": "12.5", "retry-after": "3"}) == 13
+    for unusable in ("soon", "-1", "nan", "inf", ""):
+        assert retry_after_ms({"retry-after": unusable}) is None, unusable
+    assert retry_after_ms({"retry-after": str(10**12)}) == 86_400_000
+    assert retry_after_ms({}) is None and retry_after_ms(None) is None
 
 
 async def test_error_event_inside_the_stream_is_retryable(

@@ -81,7 +81,8 @@ async def test_a_failing_session_is_parked_after_n_attempts(cluster: Cluster) ->
     runner = cluster.start_runner()
     await cluster.runner_ready(runner)
     await cluster.new_session("doomed")
-    seq = await cluster.send("doomed", "/fail", "r1")
+    # Retryable every time (a bare "/fail" is not: it parks at once).
+    seq = await cluster.send("doomed", "/fail 99 never answered", "r1")
 
     async def parked() -> bool | None:
         view = await cluster.ledger.get_session("doomed")

@@ -48,7 +48,9 @@ class _FinishOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FinishO
     FINISH_OUTCOME_DONE: _FinishOutcome.ValueType  # 1
     """The attempt did all it owed."""
     FINISH_OUTCOME_FAILED: _FinishOutcome.ValueType  # 2
-    """The attempt failed (e.g. a terminal provider error); retry with backoff."""
+    """The attempt failed (e.g. a provider error): retried with backoff or
+    parked, as FinishRequest.failure says.
+    """
 
 class FinishOutcome(_FinishOutcome, metaclass=_FinishOutcomeEnumTypeWrapper): ...
 
@@ -56,8 +58,50 @@ FINISH_OUTCOME_UNSPECIFIED: FinishOutcome.ValueType  # 0
 FINISH_OUTCOME_DONE: FinishOutcome.ValueType  # 1
 """The attempt did all it owed."""
 FINISH_OUTCOME_FAILED: FinishOutcome.ValueType  # 2
-"""The attempt failed (e.g. a terminal provider error); retry with backoff."""
+"""The attempt failed (e.g. a provider error): retried with backoff or
+parked, as FinishRequest.failure says.
+"""
 Global___FinishOutcome: _TypeAlias = FinishOutcome  # noqa: Y015
+
+class _FailureKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FailureKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FailureKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FAILURE_KIND_UNSPECIFIED: _FailureKind.ValueType  # 0
+    """Treated as FAILURE_KIND_RETRYABLE (callers that never set it)."""
+    FAILURE_KIND_RETRYABLE: _FailureKind.ValueType  # 1
+    """A fault that may pass: retried with backoff; the kernel's max attempts
+    consecutive ones park the session.
+    """
+    FAILURE_KIND_PERMANENT: _FailureKind.ValueType  # 2
+    """Retrying cannot help (the request or the key refused, a context that
+    overflows with nothing left to compact): the session is parked at once.
+    """
+    FAILURE_KIND_RATE_LIMITED: _FailureKind.ValueType  # 3
+    """The provider is throttling (429, 529 overloaded): retried no earlier than
+    retry_after_ms; counts toward its own ceiling, not toward max attempts.
+    """
+
+class FailureKind(_FailureKind, metaclass=_FailureKindEnumTypeWrapper):
+    """What kind of failure ended an attempt (FINISH_OUTCOME_FAILED only)."""
+
+FAILURE_KIND_UNSPECIFIED: FailureKind.ValueType  # 0
+"""Treated as FAILURE_KIND_RETRYABLE (callers that never set it)."""
+FAILURE_KIND_RETRYABLE: FailureKind.ValueType  # 1
+"""A fault that may pass: retried with backoff; the kernel's max attempts
+consecutive ones park the session.
+"""
+FAILURE_KIND_PERMANENT: FailureKind.ValueType  # 2
+"""Retrying cannot help (the request or the key refused, a context that
+overflows with nothing left to compact): the session is parked at once.
+"""
+FAILURE_KIND_RATE_LIMITED: FailureKind.ValueType  # 3
+"""The provider is throttling (429, 529 overloaded): retried no earlier than
+retry_after_ms; counts toward its own ceiling, not toward max attempts.
+"""
+Global___FailureKind: _TypeAlias = FailureKind  # noqa: Y015
 
 @_typing.final
 class Lease(_message.Message):
@@ -71,6 +115,7 @@ class Lease(_message.Message):
     EXPIRES_AT_MS_FIELD_NUMBER: _builtins.int
     RECLAIMED_FIELD_NUMBER: _builtins.int
     FAILURES_FIELD_NUMBER: _builtins.int
+    RATE_LIMITS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     tenant_id: _builtins.str
     runtime_id: _builtins.str
@@ -81,6 +126,8 @@ class Lease(_message.Message):
     """True when the previous lease expired instead of being released."""
     failures: _builtins.int
     """Consecutive failed attempts before this claim."""
+    rate_limits: _builtins.int
+    """Consecutive rate-limited attempts before this claim."""
     def __init__(
         self,
         *,
@@ -92,10 +139,11 @@ class Lease(_message.Message):
         expires_at_ms: _builtins.int = ...,
         reclaimed: _builtins.bool = ...,
         failures: _builtins.int = ...,
+        rate_limits: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_id", b"attempt_id", "epoch", b"epoch", "expires_at_ms", b"expires_at_ms", "failures", b"failures", "reclaimed", b"reclaimed", "runtime_id", b"runtime_id", "session_id", b"session_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_id", b"attempt_id", "epoch", b"epoch", "expires_at_ms", b"expires_at_ms", "failures", b"failures", "rate_limits", b"rate_limits", "reclaimed", b"reclaimed", "runtime_id", b"runtime_id", "session_id", b"session_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -369,6 +417,8 @@ class FinishRequest(_message.Message):
     READ_THROUGH_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_MS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     epoch: _builtins.int
     runtime_id: _builtins.str
@@ -376,6 +426,11 @@ class FinishRequest(_message.Message):
     """Highest input seq the attempt read; newer inputs re-queue the session."""
     outcome: Global___FinishOutcome.ValueType
     error: _builtins.str
+    failure: Global___FailureKind.ValueType
+    retry_after_ms: _builtins.int
+    """How long the provider asked to wait (its retry-after); the next attempt
+    starts no earlier, within the kernel's cap. 0: it did not say.
+    """
     def __init__(
         self,
         *,
@@ -385,10 +440,12 @@ class FinishRequest(_message.Message):
         read_through: _builtins.int = ...,
         outcome: Global___FinishOutcome.ValueType = ...,
         error: _builtins.str = ...,
+        failure: Global___FailureKind.ValueType = ...,
+        retry_after_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "error", b"error", "outcome", b"outcome", "read_through", b"read_through", "runtime_id", b"runtime_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "error", b"error", "failure", b"failure", "outcome", b"outcome", "read_through", b"read_through", "retry_after_ms", b"retry_after_ms", "runtime_id", b"runtime_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -401,20 +458,24 @@ class FinishResponse(_message.Message):
     REQUEUED_FIELD_NUMBER: _builtins.int
     PARKED_FIELD_NUMBER: _builtins.int
     NOT_BEFORE_MS_FIELD_NUMBER: _builtins.int
+    PARKED_REASON_FIELD_NUMBER: _builtins.int
     requeued: _builtins.bool
     parked: _builtins.bool
     not_before_ms: _builtins.int
     """When requeued after a failure: not claimable before this time."""
+    parked_reason: _builtins.str
+    """Why the session was parked ("" unless parked)."""
     def __init__(
         self,
         *,
         requeued: _builtins.bool = ...,
         parked: _builtins.bool = ...,
         not_before_ms: _builtins.int = ...,
+        parked_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["not_before_ms", b"not_before_ms", "parked", b"parked", "requeued", b"requeued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["not_before_ms", b"not_before_ms", "parked", b"parked", "parked_reason", b"parked_reason", "requeued", b"requeued"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -491,8 +552,19 @@ class GetLeaseResponse(_message.Message):
     LEASE_FIELD_NUMBER: _builtins.int
     QUEUED_FIELD_NUMBER: _builtins.int
     PARKED_FIELD_NUMBER: _builtins.int
+    FAILURES_FIELD_NUMBER: _builtins.int
+    RATE_LIMITS_FIELD_NUMBER: _builtins.int
+    NOT_BEFORE_MS_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
     queued: _builtins.bool
     parked: _builtins.bool
+    failures: _builtins.int
+    """Consecutive failed and rate-limited attempts so far."""
+    rate_limits: _builtins.int
+    not_before_ms: _builtins.int
+    """Not claimable before this time (a failed attempt's backoff)."""
+    last_error: _builtins.str
+    """The last failure's error; once parked, why the session was parked."""
     @_builtins.property
     def lease(self) -> Global___Lease:
         """Unset when nobody holds the session."""
@@ -503,10 +575,14 @@ class GetLeaseResponse(_message.Message):
         lease: Global___Lease | None = ...,
         queued: _builtins.bool = ...,
         parked: _builtins.bool = ...,
+        failures: _builtins.int = ...,
+        rate_limits: _builtins.int = ...,
+        not_before_ms: _builtins.int = ...,
+        last_error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "parked", b"parked", "queued", b"queued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failures", b"failures", "last_error", b"last_error", "lease", b"lease", "not_before_ms", b"not_before_ms", "parked", b"parked", "queued", b"queued", "rate_limits", b"rate_limits"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
