@@ -254,11 +254,20 @@ class Node:
         return value
 
     def _localize(self, value: str, paths: Mapping[str, Path]) -> str:
-        """Image paths (mounts, the virtualenv) in `value` as this host's."""
-        for image_path in sorted(paths, key=len, reverse=True):
-            pattern = rf"(?<![^:]){re.escape(image_path)}(?=/|:|$)"
-            value = re.sub(pattern, str(paths[image_path]).replace("\\", "/"), value)
-        return value
+        """Image paths (mounts, the virtualenv) in `value` as this host's.
+
+        One pass over `value`: a host path put in for one image path must not
+        be rewritten again for another (a checkout under /tmp holds the
+        virtualenv, and /tmp is also a mount)."""
+        if not paths:
+            return value
+        ordered = sorted(paths, key=len, reverse=True)
+        pattern = "|".join(re.escape(image_path) for image_path in ordered)
+        return re.sub(
+            rf"(?<![^:])(?:{pattern})(?=/|:|$)",
+            lambda match: str(paths[match[0]]).replace("\\", "/"),
+            value,
+        )
 
     def _value(self, entry: Doc, ip: str, env: Mapping[str, str]) -> str | None:
         if "value" in entry:
