@@ -13,8 +13,12 @@ in the broadcast, which a slow consumer can cause, is filled from the ledger).
 
 Partials (`Partial`, `StatusChange`) come from the runner of the attempt. An
 `epoch_started` fact names the attempt and its runtime, and the watch
-attaches to exactly that attempt (the kernel is asked only when a client
-joins mid-attempt). The runner replays what the attempt streamed before the
+attaches to exactly that attempt. The kernel is asked only when a client
+joins mid-attempt, and only once the subscription has fixed the head it
+starts after: an owner looked up before a takeover whose `epoch_started` is
+at or below that head would be followed for good (no live fact would name
+the successor), and a frozen owner would keep its clients from every delta
+of the new epoch. The runner replays what the attempt streamed before the
 watch began - with an instant model that is all of it - and marks where the
 replay ends. Until then the facts after that `epoch_started` are held back
 (in order, at most HOLD_S and HOLD_FACTS), so a client sees an attempt's
@@ -22,7 +26,11 @@ deltas before the answer they preview, as it would from a slower model. A
 newer attempt ends the watch of the older one at once.
 
 Each client also drops deltas of a generation whose assistant fact it has
-been sent: a late delta would start a preview no fact ever ends.
+been sent (a late delta would start a preview no fact ever ends), and deltas
+and statuses of an epoch older than the newest `epoch_started` it has been
+sent: an owner that was taken over (a frozen process resumed, a partitioned
+one) may still stream for a moment, and its backlog may show a client the
+takeover before the fan-out's own subscription does.
 """
 
 from __future__ import annotations
@@ -257,6 +265,10 @@ class SessionFanout:
     # -- partials --
 
     async def _follow_owner(self) -> None:
+        # Every epoch_started at or below the subscription's head was
+        # committed after its claim: the kernel, asked from now on, names
+        # that attempt's owner or a newer one (whose fact comes live).
+        await self.subscribed_after()
         while True:
             await self._owner_changed.wait()
             self._owner_changed.clear()
@@ -345,22 +357,22 @@ class FanoutHub:
             fanout = self._sessions[session_id] = SessionFanout(self, session_id)
         inbox = fanout.join()
         cursor = after
-        answered = _Answered()
+        shown = _Shown()
         try:
             if self.draining:
                 yield [DRAIN]
                 return
             async for page in _catch_up_facts(self.ledger, session_id, cursor):
-                answered.note_all(page)
+                shown.note_all(page)
                 yield list(page)
                 cursor = page[-1].seq
             if await fanout.subscribed_after() > cursor:
                 # Committed between this client's read and the subscription's.
                 async for page in _catch_up_facts(self.ledger, session_id, cursor):
-                    answered.note_all(page)
+                    shown.note_all(page)
                     yield list(page)
                     cursor = page[-1].seq
-            if fanout.status.state != "idle":
+            if fanout.status.state != "idle" and not shown.outdated(fanout.status):
                 # Whoever works on the session now, as far as this edge knows.
                 yield [fanout.status]
             while True:
@@ -372,23 +384,20 @@ class FanoutHub:
                         if batch:
                             yield batch
                         return
-                    if isinstance(item, Partial):
-                        if item.generation_id not in answered:
+                    if isinstance(item, (Partial, StatusChange)):
+                        if not shown.outdated(item):
                             batch.append(item)
                         continue
-                    if not isinstance(item, CommittedFact):
-                        assert isinstance(item, StatusChange)
-                        batch.append(item)
-                        continue
+                    assert isinstance(item, CommittedFact)
                     if item.seq > cursor + 1:
                         # Facts this client missed: read them (and this one) back.
                         async for page in _catch_up_facts(self.ledger, session_id, cursor):
-                            answered.note_all(page)
+                            shown.note_all(page)
                             batch.extend(page)
                             cursor = page[-1].seq
                     if item.seq <= cursor:
                         continue
-                    answered.note(item)
+                    shown.note(item)
                     batch.append(item)
                     cursor = item.seq
                 if batch:
@@ -410,21 +419,34 @@ async def _catch_up_facts(
             return
 
 
-class _Answered:
-    """The generations whose assistant fact one client has been sent (the
-    latest few): a delta of such a generation, late on the runner's stream
-    or replayed to a client that joined after the answer, would start a
-    preview that no fact ever ends."""
+class _Shown:
+    """What one client has been sent that later partials must agree with.
 
-    __slots__ = ("_ids",)
+    The generations whose assistant fact it has (the latest few): a delta of
+    such a generation, late on the runner's stream or replayed to a client
+    that joined after the answer, would start a preview that no fact ever
+    ends. And the newest epoch whose epoch_started it has: a delta or status
+    of an older epoch comes from an owner that was taken over (the watch of
+    it ends, but what it relayed meanwhile is still queued), and would show a
+    superseded attempt as running after its successor began.
+    """
+
+    __slots__ = ("_epoch", "_ids")
 
     def __init__(self) -> None:
         self._ids: dict[str, None] = {}
+        self._epoch = 0
 
-    def __contains__(self, generation_id: str) -> bool:
-        return generation_id in self._ids
+    def outdated(self, item: Partial | StatusChange) -> bool:
+        if isinstance(item, Partial):
+            return item.epoch < self._epoch or item.generation_id in self._ids
+        # An idle status (epoch 0) is the edge's own: the watch ended.
+        return 0 < item.epoch < self._epoch
 
     def note(self, fact: CommittedFact) -> None:
+        if fact.kind == "epoch_started":
+            self._epoch = max(self._epoch, _Attempt.of(fact).epoch)
+            return
         if fact.kind != "assistant":
             return
         generation_id = fact.data.get("generationId")
@@ -435,5 +457,5 @@ class _Answered:
 
     def note_all(self, facts: list[CommittedFact]) -> None:
         for fact in facts:
-            if fact.kind == "assistant":
+            if fact.kind in ("assistant", "epoch_started"):
                 self.note(fact)
