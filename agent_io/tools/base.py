@@ -14,6 +14,7 @@ exception out of this package; only cancellation propagates.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -93,10 +94,27 @@ class ToolSource(Protocol):
 
 
 def limit_result(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
-    """The outcome with its text cut to `max_bytes` UTF-8 bytes, and a note."""
+    """The outcome within `max_bytes`: its text cut to that many UTF-8 bytes
+    and a structured value over it dropped, each with a note. A cut result
+    is an error result: the model must not take part of an answer for all
+    of it."""
     raw = outcome.content.encode()
-    if len(raw) <= max_bytes:
+    structured = outcome.structured
+    notes: list[str] = []
+    if structured is not None:
+        size = len(json.dumps(structured, ensure_ascii=False).encode())
+        if size > max_bytes:
+            structured = None
+            notes.append(f"[structured result dropped: {size} bytes, the limit is {max_bytes}]")
+    content = outcome.content
+    if len(raw) > max_bytes:
+        content = raw[:max_bytes].decode(errors="ignore")
+        notes.append(f"[result truncated: {len(raw)} bytes, the limit is {max_bytes}]")
+    if not notes:
         return outcome
-    kept = raw[:max_bytes].decode(errors="ignore")
-    note = f"\n[result truncated: {len(raw)} bytes, the limit is {max_bytes}]"
-    return replace(outcome, content=kept + note)
+    return replace(
+        outcome,
+        content="\n".join([content, *notes]),
+        structured=structured,
+        is_error=True,
+    )

@@ -368,15 +368,18 @@ class Attempt:
                 # Executed, result not yet committed: a crash here is the
                 # at-least-once case (the successor runs the tool again).
                 faults.hit("mid_tool")
-            await self.commit(
-                "tool_result",
-                {
-                    "toolCallId": call.tool_call_id,
-                    "content": outcome.content,
-                    "isError": outcome.is_error,
-                    "idempotencyKey": tool_call.idempotency_key,
-                },
-            )
+            result: dict[str, Any] = {
+                "toolCallId": call.tool_call_id,
+                "content": outcome.content,
+                "isError": outcome.is_error,
+                "idempotencyKey": tool_call.idempotency_key,
+            }
+            if outcome.structured is not None:
+                result["structured"] = dict(outcome.structured)
+            if outcome.blobs:
+                # Images and resources the tool returned, stored as the tenant's blobs.
+                result["blobs"] = list(outcome.blobs)
+            await self.commit("tool_result", result)
             self.boundary("after_tool_results" if last else "after_some_tool_results")
 
     async def settle_cancelled(self, owed: T.Owed) -> None:
