@@ -7,11 +7,7 @@ by `KEEL_FAULT_ACTION`:
   it at exactly that point;
 - `drain`: start a handoff drain of the runtime at once (the handler the
   runtime registered with `on_drain`), so the attempt hands off at that very
-  boundary, as a rolling update would have it there;
-- `stop`: SIGSTOP the process right there. Resumed (SIGCONT), it goes on
-  exactly where it stopped, before any other task of its event loop runs:
-  its next write is the one a stale owner would make after its lease was
-  taken over, which the ledger's fence must refuse.
+  boundary, as a rolling update would have it there.
 `KEEL_FAULT_INJECT=duplicate_reply` plants a bug (a final answer committed
 twice under two generation ids) that `keel chaos` must catch.
 Unset in production: `hit()` is then a dictionary lookup.
@@ -20,7 +16,6 @@ Unset in production: `hit()` is then a dictionary lookup.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from collections import Counter
@@ -77,13 +72,9 @@ def hit(point: str) -> None:
         return
     print(f"FAULT {point}", flush=True)
     sys.stdout.flush()
-    action = os.environ.get("KEEL_FAULT_ACTION", "freeze")
-    if action == "drain":
+    if os.environ.get("KEEL_FAULT_ACTION", "freeze") == "drain":
         if _drain_handler is not None:
             _drain_handler()
-        return
-    if action == "stop":
-        os.kill(os.getpid(), signal.SIGSTOP)
         return
     # Freeze everything (event loop, lease renewal): the test kills us here.
     while True:
