@@ -30,7 +30,14 @@ from services.cli.chaos_checks import (
 )
 from services.cli.chaos_report import ChaosReport, RoundResult, render
 from tests.processes import ChildProcess
-from tests.support.chaos import answer, fact, healthy_session, run_chaos, started
+from tests.support.chaos import (
+    answer,
+    fact,
+    healthy_session,
+    ledger_refusals,
+    run_chaos,
+    started,
+)
 from tests.support.keel_up import keel_up, run_keel
 
 KEY = "chaos-test-key-0123456789abcdef"
@@ -152,3 +159,27 @@ def test_chaos_names_a_final_answer_committed_twice(tmp_path: Path) -> None:
     assert named["session"] in outcome.report["sessions"] and named["seq"] > 1
     assert "answered again" in named["detail"]
     assert outcome.report["duplicates"] == len(outcome.report["violations"])
+
+
+@pytest.mark.slow
+def test_chaos_stops_a_runner_and_its_stale_writes_are_refused(tmp_path: Path) -> None:
+    # A short lease: the stopped runner's sessions are taken over in seconds.
+    short_lease = {"KEEL_LEASE_MS": "2000"}
+    with keel_up(tmp_path / "data", KEY, "--processes", "--runners", "2", env=short_lease) as up:
+        outcome = run_chaos(
+            up, "--scenarios", "stale", "--rounds", "1", "--sessions", "3", "--seed", "5", "--json"
+        )
+        refused = ledger_refusals(up)
+    assert outcome.code == 0, outcome.stdout + outcome.stderr
+    report = outcome.report
+    assert report["ok"] and report["violations"] == []
+    (stale,) = report["rounds"]
+    assert stale["scenario"] == "stale" and stale["answered"], stale
+    assert stale["note"].startswith(f"SIGSTOP pid {stale['pid']} for "), stale
+    assert stale["note"].endswith("; SIGCONT"), stale
+    # Each session it held was committed to by a successor while it was stopped.
+    assert stale["raced"] == stale["held"] >= 1 and report["raced"] == stale["raced"]
+    # Resumed, it wrote with its old epoch, and the ledger refused it.
+    ours = set(report["sessions"])
+    raced = [r for r in refused if r.session.rsplit(":", 1)[-1] in ours]
+    assert raced and all(r.fence > r.epoch for r in raced), refused

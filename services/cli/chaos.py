@@ -18,6 +18,14 @@ do not stop), and waits for every input's answer.
   sessions. A drained runner is not expected back: another runner, or the
   runtime that replaces it (`keel up --processes`, a Kubernetes rollout),
   takes the sessions.
+- `stale`: a stale owner racing its successor (services/cli/chaos_stale.py):
+  SIGSTOP of a runner process (the same pids as `crash`) while it runs its
+  sessions' tool calls, until another runner has taken each of them over and
+  committed, then SIGCONT. The resumed runner goes on where it stopped and
+  writes with its old epoch; the ledger's fence must refuse every such write
+  (the ledger logs each refusal, `keel.ledger.fence`, and counts it,
+  `keel.ledger.stale_appends`), so the checks find no fact of the old epoch
+  after the successor's.
 
 `--seed` fixes every choice chaos makes (inputs, targets, when to strike);
 what the deployment does in reply is its own.
@@ -45,8 +53,11 @@ from rich.console import Console
 
 from services.cli.chaos_checks import Violation, check_session
 from services.cli.chaos_report import ChaosReport, RoundResult, progress_line, render
+from services.cli.chaos_stale import StaleStrike, stale_inputs, stop_until_taken_over
 
-SCENARIOS = ("crash", "handoff")
+SCENARIOS = ("crash", "handoff", "stale")
+# What a run strikes with when no scenario is named.
+DEFAULT_SCENARIOS = ("crash", "handoff")
 PAGE_LIMIT = 1000
 # How long a round waits for a runner to hold one of its sessions before it
 # strikes whichever runner it can.
@@ -69,7 +80,7 @@ class ChaosError(Exception):
 class ChaosOptions:
     url: str
     key: str
-    scenarios: tuple[str, ...] = SCENARIOS
+    scenarios: tuple[str, ...] = DEFAULT_SCENARIOS
     rounds: int = 2
     sessions: int = 6
     seed: int = 0
@@ -221,16 +232,29 @@ class ChaosRun:
         target = await self.target(scenario)
         note = ""
         drain: asyncio.Task[Any] | None = None
+        stale: asyncio.Task[StaleStrike] | None = None
         if target is None:
             note = (
-                "nothing killed: no runner of this host runs in a process of its own"
-                if scenario == "crash"
-                else "no claiming runner: nothing drained"
+                "no claiming runner: nothing drained"
+                if scenario == "handoff"
+                else "nothing struck: no runner of this host runs in a process of its own"
             )
         else:
             await asyncio.sleep(self.rng.uniform(0, STRIKE_JITTER_S))
             if scenario == "crash":
                 note = _kill(target)
+            elif scenario == "stale":
+                assert target.pid is not None  # a target of this host has its pid
+                stale = asyncio.create_task(
+                    stop_until_taken_over(
+                        self.api,
+                        target.runtime_id,
+                        target.pid,
+                        [s.id for s in self.sessions],
+                        self.options.timeout_s,
+                        keel_runner_pid,
+                    )
+                )
             else:
                 body = {
                     "runtimeId": target.runtime_id,
@@ -243,6 +267,12 @@ class ChaosRun:
                 )
         # Clients keep sending while the fault is under way.
         sent += await self.wave(f"{scenario}{number}", "b")
+        raced = 0
+        held = target.held if target else 0
+        if stale is not None:
+            strike = await stale
+            # What it held when stopped, which is what could race.
+            note, held, raced = strike.note, strike.held, strike.raced
         if drain is not None:
             try:
                 drained = await drain
@@ -260,17 +290,21 @@ class ChaosRun:
             scenario=scenario,
             target=target.runtime_id if target else "",
             pid=target.pid if target else None,
-            held=target.held if target else 0,
+            held=held,
             inputs=sent,
             answered=answered,
             seconds=time.monotonic() - started,
             note=note,
+            raced=raced,
         )
 
     def inputs_for(self, tracked: Tracked, step: str, wave: str) -> list[str]:
         """A seeded mix: the first wave keeps runners busy (slow answers and
         tool calls), the second is whatever a client might send next."""
         label = f"chaos {self.run_id} {step}{wave} session {tracked.index}"
+        if wave == "a" and step.startswith("stale"):
+            # Runners are to be stopped inside a call, before its result.
+            return stale_inputs(self.rng)
         slow = f"/slow {self.rng.choice((0.5, 1.0, 1.5, 2.0))} {label}"
         tool = "/tool counter " + json.dumps({"key": f"chaos-{self.run_id}-{tracked.index}"})
         if wave == "a":

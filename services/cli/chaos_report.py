@@ -23,6 +23,9 @@ class RoundResult:
     answered: bool
     seconds: float
     note: str = ""
+    # `stale`: sessions of the stopped runner a successor committed to
+    # before it was resumed (each a stale write the fence must refuse).
+    raced: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -35,6 +38,7 @@ class RoundResult:
             "answered": self.answered,
             "seconds": round(self.seconds, 2),
             "note": self.note,
+            "raced": self.raced,
         }
 
 
@@ -63,6 +67,7 @@ class ChaosReport:
             "inputs": self.inputs,
             "facts": self.facts,
             "duplicates": duplicates(self.violations),
+            "raced": sum(r.raced for r in self.rounds),
             "rounds": [r.to_json() for r in self.rounds],
             "violations": [v.to_json() for v in self.violations],
         }

@@ -7,15 +7,28 @@ by `KEEL_FAULT_ACTION`:
   it at exactly that point;
 - `drain`: start a handoff drain of the runtime at once (the handler the
   runtime registered with `on_drain`), so the attempt hands off at that very
-  boundary, as a rolling update would have it there.
+  boundary, as a rolling update would have it there;
+- `stop`: SIGSTOP the process right there. Resumed (SIGCONT), it goes on
+  exactly where it stopped. At a point right before a write (`mid_tool`,
+  `before_assistant_commit`, `before_final_answer`: no await in between),
+  the same loop step creates the append's gRPC call, whose task is queued
+  ahead of every timer (the lease renewal) and I/O callback the resumed loop
+  then finds due: the write is sent before the runner can learn that its
+  lease is gone, so a stale owner's write really reaches the ledger.
+`KEEL_FAULT_TRIGGER=<path>` arms the point from a file instead, for a test
+that runs several runners and cannot know which one will claim a session:
+the file names the point (`<name>`), and the first process to reach it
+takes the file (an atomic rename to `<path>.<pid>`), so exactly one runner
+acts on it and the others, its successor included, go on.
 `KEEL_FAULT_INJECT=duplicate_reply` plants a bug (a final answer committed
 twice under two generation ids) that `keel chaos` must catch.
-Unset in production: `hit()` is then a dictionary lookup.
+Unset in production: `hit()` is then two dictionary lookups.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -27,6 +40,7 @@ POINTS = (
     "after_claim",
     "after_watermark",
     "mid_stream",
+    "before_assistant_commit",
     "after_assistant_commit",
     "mid_tool",
     "after_some_tool_results",
@@ -35,6 +49,7 @@ POINTS = (
     "mid_summary",
     "after_compaction",
     "mid_cancel",
+    "before_final_answer",
     "after_final_answer",
     "after_final_before_finish",
 )
@@ -63,18 +78,47 @@ def _target() -> tuple[str, int] | None:
     return name, int(nth or "1")
 
 
+def _taken_trigger(point: str) -> bool:
+    """Whether this process just took the armed trigger file for `point`."""
+    path = os.environ.get("KEEL_FAULT_TRIGGER", "")
+    if not path:
+        return False
+    try:
+        with open(path) as armed:
+            if armed.read().strip() != point:
+                return False
+        # Only one process's rename succeeds: that one acts.
+        os.rename(path, f"{path}.{os.getpid()}")
+    except OSError:
+        return False
+    return True
+
+
 def hit(point: str) -> None:
+    if _taken_trigger(point):
+        _act(point)
+        return
     target = _target()
     if target is None or target[0] != point:
         return
     _seen[point] += 1
     if _seen[point] != target[1]:
         return
+    _act(point)
+
+
+def _act(point: str) -> None:
     print(f"FAULT {point}", flush=True)
     sys.stdout.flush()
-    if os.environ.get("KEEL_FAULT_ACTION", "freeze") == "drain":
+    action = os.environ.get("KEEL_FAULT_ACTION", "freeze")
+    if action == "drain":
         if _drain_handler is not None:
             _drain_handler()
+        return
+    if action == "stop":
+        # Returns once resumed, still inside the step that reached the
+        # point: nothing else of the event loop ran in between.
+        os.kill(os.getpid(), signal.SIGSTOP)
         return
     # Freeze everything (event loop, lease renewal): the test kills us here.
     while True:

@@ -10,6 +10,7 @@ from typing import Any
 
 from tests.processes import ROOT
 from tests.support.keel_up import KEEL, RunningKeel, clean_env
+from tests.support.stale_race import Refusal, refusals_in
 
 # Fails a hung run; a round normally takes seconds.
 CHAOS_DEADLINE_S = 240.0
@@ -79,3 +80,10 @@ def run_chaos(up: RunningKeel, *args: str) -> ChaosOutcome:
         check=False,
     )
     return ChaosOutcome(done.returncode, done.stdout, done.stderr)
+
+
+def ledger_refusals(up: RunningKeel) -> list[Refusal]:
+    """The stale appends the ledger of `up` refused, as it logged them
+    (`keel up` prints each child's lines after a `[name pid]` prefix)."""
+    lines = [line.split("] ", 1)[1] for line in up.child.lines if line.startswith("[ledger")]
+    return refusals_in(lines)

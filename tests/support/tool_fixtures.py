@@ -116,6 +116,12 @@ def alive(pid: int) -> bool:
     return stat is not None and stat[0] != "Z"
 
 
+def stopped(pid: int) -> bool:
+    """Stopped by a signal (SIGSTOP), until a SIGCONT."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] == "T"
+
+
 def parent_of(pid: int) -> int | None:
     stat = _stat(pid)
     return None if stat is None else stat[1]
