@@ -20,7 +20,13 @@ when the edge drains.
 The HTTP API's limits hold here too, in the same counts (edge/limits.py):
 unknown keys per client address (the peer's, from `context.peer()`), and
 event streams per key and tenant, SSE and StreamEvents together; beyond
-either, RESOURCE_EXHAUSTED (with a RetryInfo for failed keys).
+either, RESOURCE_EXHAUSTED (with a RetryInfo for failed keys). A request
+message over the HTTP body limit is INVALID_ARGUMENT `PAYLOAD_TOO_LARGE`
+(its metadata names the `limit`).
+
+Each RPC decodes its own request (`_method_handler`): bytes that are not the
+request message are INVALID_ARGUMENT `MALFORMED_REQUEST`, where gRPC's own
+decoding would answer UNKNOWN.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from edge import admin_ops, approvals, inputs
 from edge.auth import Caller
@@ -40,10 +47,11 @@ from edge.errors import BadRequest, EdgeError, from_service_error
 from edge.fanout import Drain, Live
 from edge.gateway import DEFAULT_SESSION_PAGE, Gateway, SessionInfo
 from edge.inputs import Committed
-from edge.limits import Guards, client_address
+from edge.limits import Guards, client_address, too_large
 from edge.streams import CLIENT_STATES
 from keel.sessions.v1 import sessions_pb2 as pb
 from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
+from services.common import tracing
 from services.common.errors import KeelError, guarded, rich_status
 from services.common.serving import GrpcService
 from services.ledger import CommittedFact
@@ -102,7 +110,7 @@ def fact_pb(fact: CommittedFact) -> pb.Fact:
         kind=fact.kind,
         timestamp_ms=fact.timestamp_ms,
         epoch=fact.epoch,
-        data_json=_json(fact.data),
+        data_json=_json(tracing.client_data(fact.kind, fact.data)),
     )
 
 
@@ -204,6 +212,10 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     def __init__(self, gateway: Gateway, guards: Guards) -> None:
         self._gateway = gateway
         self._guards = guards
+
+    @property
+    def max_request_bytes(self) -> int:
+        return self._guards.limits.max_body_bytes
 
     async def _caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> Caller:
         return await self._gateway.auth.authenticate(
@@ -367,11 +379,65 @@ def _committed(committed: Committed) -> dict[str, Any]:
     }
 
 
+class MalformedRequest(BadRequest):
+    """The request's bytes are not its message (bad wire format, a string
+    that is not UTF-8): refused like any bad field, not as a bug."""
+
+    reason = "MALFORMED_REQUEST"
+
+
+async def _decoded(
+    request_type: Any, raw: bytes, limit: int, context: grpc.aio.ServicerContext[Any, Any], rpc: str
+) -> Any:
+    """The request in `raw`; bytes over the edge's request limit (the same
+    as HTTP's body limit) or not a `request_type` are refused by name."""
+    name = request_type.DESCRIPTOR.name
+    if len(raw) > limit:
+        await _abort(context, too_large(limit, f"the {name}"), rpc)
+    try:
+        return request_type.FromString(raw)
+    except DecodeError:
+        await _abort(context, MalformedRequest(f"the request is not a valid {name}"), rpc)
+
+
+def _method_handler(servicer: SessionServicer, method: Any) -> grpc.RpcMethodHandler[Any, Any]:
+    """One RPC that decodes its own request, so bytes that are not its
+    message get INVALID_ARGUMENT (gRPC's own decoding answers UNKNOWN)."""
+    request_type = getattr(pb, method.input_type.name)
+    response_type = getattr(pb, method.output_type.name)
+    bound = getattr(servicer, method.name)
+    limit = servicer.max_request_bytes
+
+    if method.server_streaming:
+
+        async def stream(raw: bytes, context: Any) -> AsyncIterator[Any]:
+            request = await _decoded(request_type, raw, limit, context, method.name)
+            async for item in bound(request, context):
+                yield item
+
+        return grpc.unary_stream_rpc_method_handler(
+            stream, response_serializer=response_type.SerializeToString
+        )
+
+    async def unary(raw: bytes, context: Any) -> Any:
+        request = await _decoded(request_type, raw, limit, context, method.name)
+        return await bound(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(
+        unary, response_serializer=response_type.SerializeToString
+    )
+
+
+def _add_to_server(servicer: SessionServicer, server: grpc.aio.Server) -> None:
+    methods = pb.DESCRIPTOR.services_by_name["SessionService"].methods
+    handlers = {m.name: _method_handler(servicer, m) for m in methods}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+
+
 def session_service(gateway: Gateway, guards: Guards | None = None) -> GrpcService:
     """The service on `gateway`; `guards` are shared with the HTTP app of the
     same edge (else this service's own)."""
     servicer = SessionServicer(gateway, guards or Guards.of())
     return GrpcService(
-        name=SERVICE_NAME,
-        add_to_server=lambda server: pb_grpc.add_SessionServiceServicer_to_server(servicer, server),
+        name=SERVICE_NAME, add_to_server=lambda server: _add_to_server(servicer, server)
     )

@@ -24,14 +24,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from edge import metrics as edge_metrics
 from edge.auth import Caller
-from edge.errors import BadRequest, PayloadTooLarge, Unauthorized, error_response, shown
+from edge.errors import BadRequest, Unauthorized, error_response, shown
 from edge.gateway import Gateway
-from edge.limits import Guards, client_address
+from edge.limits import DEFAULT_MAX_BODY_BYTES, Guards, client_address, too_large
 
 log = logging.getLogger("keel.edge.http")
 
-MAX_BODY_BYTES = 1 << 20
+# The default limit of a JSON body; `ClientLimits.max_body_bytes` sets it.
+MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES
 # Seqs, cursors and offsets travel as int64 on the wire.
 MAX_INT64 = (1 << 63) - 1
 
@@ -79,6 +81,7 @@ class RequestMetrics:
             route = scope.get("route")
             name = getattr(route, "name", None) or "unmatched"
             self.metrics.requests.labels(name, str(status)).inc()
+            edge_metrics.request_answered(name, status)
 
         async def counting_send(message: Message) -> None:
             # Counted when the response starts: an SSE stream may last hours.
@@ -162,16 +165,23 @@ def api_route(
     return Route(path, endpoint, methods=methods, name=handler.__name__)
 
 
+def body_limit(request: Request) -> int:
+    """The most bytes a JSON body of this edge may hold."""
+    return guards_of(request).limits.max_body_bytes
+
+
 async def read_limited(request: Request, limit: int) -> bytes:
+    """The body, refused (413) as soon as it is known to exceed `limit`:
+    from its Content-Length, else while it arrives (never all read first)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"the body is larger than {limit} bytes")
+        raise too_large(limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"the body is larger than {limit} bytes")
+            raise too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -180,7 +190,7 @@ async def json_body(request: Request, fields: Collection[str]) -> dict[str, Any]
     """The request's JSON object ({} for an empty body). A field not in
     `fields` is refused by name: a misspelt `requestID` silently ignored
     would turn an idempotent request into a duplicating one."""
-    raw = await read_limited(request, MAX_BODY_BYTES)
+    raw = await read_limited(request, body_limit(request))
     if not raw:
         return {}
     try:

@@ -17,6 +17,12 @@
   Their counts are dropped as soon as they reach zero.
 - Slow clients: how long a request's head and body may take to arrive
   (enforced in edge/connections.py).
+- Request size: a JSON body over HTTP, and a request message over gRPC, of
+  at most `max_body_bytes`; a larger one is refused by name (413
+  `payload_too_large` / INVALID_ARGUMENT `PAYLOAD_TOO_LARGE`, with the limit)
+  before it is parsed. (Blob chunks have their own limit, edge/routes/blobs.py;
+  a gRPC message over the transport's limit, `KEEL_GRPC_MAX_MESSAGE_BYTES`,
+  is refused by gRPC itself with RESOURCE_EXHAUSTED.)
 
 `ClientLimits.from_env` reads `KEEL_EDGE_*` variables, so `keel up` and
 `keel edge` can be tuned without a flag per limit.
@@ -33,7 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 
 from edge.auth import Caller
-from edge.errors import TooManyFailedKeys, TooManyStreams
+from edge.errors import PayloadTooLarge, TooManyFailedKeys, TooManyStreams
 
 # Keys accepted from one address that stay usable while it is blocked.
 TRUSTED_KEYS_PER_ADDRESS = 8
@@ -48,7 +54,10 @@ _ENV_NAMES = {
     "body_timeout_s": "KEEL_EDGE_BODY_TIMEOUT_S",
     "body_min_bytes_per_s": "KEEL_EDGE_BODY_MIN_BYTES_PER_S",
     "trusted_proxies": "KEEL_EDGE_TRUSTED_PROXIES",
+    "max_body_bytes": "KEEL_EDGE_MAX_BODY_BYTES",
 }
+# Room for the longest input text (edge/inputs.py) as JSON, escapes and all.
+DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,8 @@ class ClientLimits:
     body_min_bytes_per_s: int = 500
     # Proxies whose X-Forwarded-For names the client (none: the peer is).
     trusted_proxies: tuple[str, ...] = field(default_factory=tuple)
+    # The largest JSON body (HTTP) or request message (gRPC) taken.
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -96,6 +107,14 @@ class ClientLimits:
                 name = _ENV_NAMES[item.name]
                 raise ValueError(f"{name} must be a number, got {raw!r}") from None
         return cls(**given)  # type: ignore[arg-type]
+
+
+def too_large(limit: int, what: str = "the body") -> PayloadTooLarge:
+    """The refusal of a request over `limit` bytes, naming the limit (in
+    gRPC's ErrorInfo metadata too, as `limit`)."""
+    refusal = PayloadTooLarge(f"{what} is larger than {limit} bytes, the most this edge takes")
+    refusal.metadata["limit"] = str(limit)
+    return refusal
 
 
 def client_address(host: str) -> str:

@@ -86,6 +86,13 @@ _RETRY_AFTER = {
         "schema": {"type": "integer", "minimum": 1},
     }
 }
+_UNAVAILABLE_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before sending the request again",
+        "required": True,
+        "schema": {"type": "integer", "minimum": 1},
+    }
+}
 # Every route with a key can answer these; a 408 and a 413 wherever a body is read.
 _AUTHENTICATED = {
     "401": _error(
@@ -98,12 +105,21 @@ _AUTHENTICATED = {
         "accepted from it) is checked until Retry-After; `too_many_failed_keys`",
         _RETRY_AFTER,
     ),
-    "503": _error("A Keel service is unavailable; retry shortly"),
+    "503": _json(
+        _ref("Error"),
+        "A Keel service (or its database) is unavailable; nothing was done. "
+        "Retry after Retry-After seconds",
+        _UNAVAILABLE_RETRY_AFTER,
+    ),
 }
 _BAD = {"400": _error("Bad input (the message names what)")}
 _TOO_LARGE = {
     "408": _error("The body stopped arriving (stalled, or too slow); the connection is closed"),
-    "413": _error("The body is larger than the limit"),
+    "413": _error(
+        "The body is larger than the edge's limit (KEEL_EDGE_MAX_BODY_BYTES, default 1 MiB; "
+        "the message names it), or a fact it would write is over the ledger's "
+        "(KEEL_MAX_FACT_BYTES); `payload_too_large`"
+    ),
 }
 _NO_SESSION = {"404": _error("No such session (or another tenant's)")}
 
@@ -495,6 +511,9 @@ _PATHS: dict[str, Schema] = {
         "get": {
             "operationId": "getSession",
             "summary": "Head seq, status and owed inputs",
+            "description": "`status` needs the kernel (who holds the session) as well as "
+            "the ledger: while either cannot be asked the answer is 503 with Retry-After, "
+            "never a guessed `idle` (an answer may still be streaming).",
             "responses": {
                 "200": _json(_ref("Session"), "The session"),
                 **_BAD,
@@ -860,6 +879,7 @@ _PATHS: dict[str, Schema] = {
                 "200": _json(_ref("ApiKeyList"), "The keys"),
                 "403": _error("Neither an admin nor an operator key"),
                 "404": _error("No such tenant (or another tenant, for an admin)"),
+                **_BAD,
                 **_AUTHENTICATED,
             },
         },

@@ -16,7 +16,7 @@ from starlette.routing import Route
 from edge import admin_ops
 from edge.auth import Caller
 from edge.errors import BadRequest
-from edge.http import MAX_BODY_BYTES, api_route, gateway_of, is_count, json_body, read_limited
+from edge.http import api_route, body_limit, gateway_of, is_count, json_body, read_limited
 
 
 def _etag(revision: int) -> str:
@@ -42,7 +42,7 @@ async def _document(request: Request) -> Any:
     media = request.headers.get("content-type", "application/json").split(";")[0].strip()
     if media and media != "application/json" and not media.endswith("+json"):
         raise BadRequest("send the loadout as JSON (Content-Type: application/json)")
-    raw = await read_limited(request, MAX_BODY_BYTES)
+    raw = await read_limited(request, body_limit(request))
     try:
         return json.loads(raw)
     except (ValueError, UnicodeError, RecursionError):

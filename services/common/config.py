@@ -15,6 +15,9 @@ from services.common.secrets import SecretPolicy
 
 DEFAULT_LEASE_MS = 30_000
 DEFAULT_MAX_FACT_BYTES = 1 << 20
+# The largest gRPC message a Keel server or channel takes: room for a batch
+# of facts at their limit (the ledger refuses a larger fact by name first).
+DEFAULT_GRPC_MAX_MESSAGE_BYTES = 16 << 20
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -25,6 +28,12 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _otlp_endpoint(env: Mapping[str, str], signal: str) -> str:
+    return env.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT") or env.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT", ""
+    )
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,7 @@ class Settings:
     data_dir: Path = field(default_factory=lambda: Path(".keel"))
     lease_ms: int = DEFAULT_LEASE_MS
     max_fact_bytes: int = DEFAULT_MAX_FACT_BYTES
+    grpc_max_message_bytes: int = DEFAULT_GRPC_MAX_MESSAGE_BYTES
     # Shared token every internal gRPC call must carry ("" disables the check;
     # the `keel <service>` commands refuse to start without it or mTLS).
     internal_token: str = ""
@@ -54,6 +64,11 @@ class Settings:
     secrets: SecretPolicy = field(default_factory=SecretPolicy)
     # "none", "console" or "otlp".
     otel_exporter: str = "none"
+    # Where `otlp` sends each signal: the standard variables, the signal's own
+    # first (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, ..._METRICS_ENDPOINT), else
+    # OTEL_EXPORTER_OTLP_ENDPOINT; "" = not configured, and nothing is sent.
+    otlp_traces_endpoint: str = ""
+    otlp_metrics_endpoint: str = ""
     log_level: str = "INFO"
     # PostgreSQL schema holding Keel's tables (tests use one per run).
     pg_schema: str = "public"
@@ -62,7 +77,8 @@ class Settings:
     def tracing(self) -> bool:
         """Whether gRPC calls carry spans: only when they go somewhere, since
         the instrumentation costs every call a share of a turn's budget."""
-        return self.otel_exporter.lower() != "none"
+        exporter = self.otel_exporter.lower()
+        return exporter == "console" or (exporter == "otlp" and bool(self.otlp_traces_endpoint))
 
     @property
     def grpc_tls(self) -> bool:
@@ -87,6 +103,9 @@ class Settings:
             data_dir=Path(env.get("KEEL_DATA_DIR", ".keel")),
             lease_ms=_int(env, "KEEL_LEASE_MS", DEFAULT_LEASE_MS),
             max_fact_bytes=_int(env, "KEEL_MAX_FACT_BYTES", DEFAULT_MAX_FACT_BYTES),
+            grpc_max_message_bytes=_int(
+                env, "KEEL_GRPC_MAX_MESSAGE_BYTES", DEFAULT_GRPC_MAX_MESSAGE_BYTES
+            ),
             internal_token=env.get("KEEL_INTERNAL_TOKEN", ""),
             grpc_tls_cert=env.get("KEEL_GRPC_TLS_CERT", ""),
             grpc_tls_key=env.get("KEEL_GRPC_TLS_KEY", ""),
@@ -94,6 +113,8 @@ class Settings:
             grpc_tls_server_name=env.get("KEEL_GRPC_TLS_SERVER_NAME", ""),
             secrets=SecretPolicy.from_env(env),
             otel_exporter=env.get("KEEL_OTEL_EXPORTER", "none"),
+            otlp_traces_endpoint=_otlp_endpoint(env, "TRACES"),
+            otlp_metrics_endpoint=_otlp_endpoint(env, "METRICS"),
             log_level=env.get("KEEL_LOG_LEVEL", "INFO"),
             pg_schema=env.get("KEEL_PG_SCHEMA", "public"),
         )

@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
 from opentelemetry.instrumentation.grpc import filters as otel_filters
 
-from services.common.config import Settings
+from services.common.config import DEFAULT_GRPC_MAX_MESSAGE_BYTES, Settings
 from services.common.internal_auth import (
     TokenServerInterceptor,
     channel_credentials,
@@ -33,20 +33,20 @@ from services.common.internal_auth import (
 log = logging.getLogger("keel.serving")
 
 STREAMING_METHODS = ("Subscribe", "WatchSession", "Attach", "Watch", "StreamEvents")
-# Large enough for the biggest fact plus framing; the ledger enforces its own
-# per-fact limit with a clear error before this one is reached.
-MAX_MESSAGE_BYTES = 16 << 20
+# The default; `Settings.grpc_max_message_bytes` (KEEL_GRPC_MAX_MESSAGE_BYTES)
+# sets it. Large enough for a batch of facts; the ledger refuses a fact over
+# its own limit by name (FACT_TOO_LARGE) before this one is reached, and a
+# larger message is refused by gRPC itself (RESOURCE_EXHAUSTED).
+MAX_MESSAGE_BYTES = DEFAULT_GRPC_MAX_MESSAGE_BYTES
+# What a message needs beyond one fact's JSON (its kind, ids, framing).
+MESSAGE_OVERHEAD_BYTES = 64 << 10
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
 SERVER_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # Ping idle peers so a connection that died without a FIN (a crashed
     # host, a partition) is noticed in seconds, e.g. a runner's Attach stream.
     ("grpc.keepalive_time_ms", 10_000),
@@ -95,6 +95,18 @@ class RunningServer:
         await self.server.stop(grace)
 
 
+def message_size_options(settings: Settings) -> list[tuple[str, Any]]:
+    """The largest message sent and received, as gRPC options. Refuses a
+    limit that a fact at the ledger's own limit could not pass."""
+    limit = settings.grpc_max_message_bytes
+    if limit < settings.max_fact_bytes + MESSAGE_OVERHEAD_BYTES:
+        raise ValueError(
+            f"KEEL_GRPC_MAX_MESSAGE_BYTES ({limit}) must be at least KEEL_MAX_FACT_BYTES "
+            f"({settings.max_fact_bytes}) + {MESSAGE_OVERHEAD_BYTES}"
+        )
+    return [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
+
+
 def _traced_methods() -> Any:
     # Long-lived streams are not traced: a span per subscription says nothing,
     # and the instrumentation cannot detach its context when a client cancels.
@@ -118,7 +130,8 @@ async def serve_services(
         interceptors.insert(0, TokenServerInterceptor(settings.internal_token))
     # Read before anything starts: a half-configured TLS fails here, whole.
     material = None if public else tls_material(settings)
-    server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
+    options = [*SERVER_OPTIONS, *message_size_options(settings)]
+    server = grpc.aio.server(interceptors=interceptors, options=options)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     for service in services:
@@ -138,21 +151,22 @@ async def serve_services(
     return RunningServer(server, health, port, services)
 
 
-def open_channel(address: str, settings: Settings) -> grpc.aio.Channel:
+def open_channel(
+    address: str, settings: Settings, extra_options: Sequence[tuple[str, Any]] = ()
+) -> grpc.aio.Channel:
     """An aio channel to an internal Keel service: tracing when spans go
     somewhere, the internal token on every kind of call, TLS when configured.
-    Raises InternalAuthError for a half-configured TLS."""
+    `extra_options` are added to the channel's options (e.g. a service
+    config). Raises InternalAuthError for a half-configured TLS."""
     interceptors: list[Any] = []
     if settings.tracing:
         interceptors.extend(aio_client_interceptors(filter_=_traced_methods()))
     if settings.internal_token:
         interceptors.extend(token_interceptors(settings.internal_token))
     material = tls_material(settings)
+    options = [*CHANNEL_OPTIONS, *message_size_options(settings), *extra_options]
     if material is None:
-        return grpc.aio.insecure_channel(
-            address, options=CHANNEL_OPTIONS, interceptors=interceptors
-        )
-    options = list(CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
     if settings.grpc_tls_server_name:
         options.append(("grpc.ssl_target_name_override", settings.grpc_tls_server_name))
     return grpc.aio.secure_channel(

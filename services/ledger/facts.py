@@ -232,15 +232,25 @@ _CHECKS = {
 }
 
 
+def fact_bytes(data_json: str, max_bytes: int) -> int:
+    """The stored size of a fact's JSON: its UTF-8 bytes, not its characters
+    (one character may take four). Encoded only when the count could matter."""
+    if len(data_json) * 4 <= max_bytes:
+        return len(data_json)
+    return len(data_json.encode("utf-8", "surrogatepass"))
+
+
 def parse_fact(kind: str, data_json: str, max_bytes: int) -> NewFact:
     """Validates one fact from the wire; raises InvalidFact with a reason."""
     if kind not in APPENDABLE_KINDS:
         allowed = ", ".join(sorted(APPENDABLE_KINDS))
         raise InvalidFact(f"unknown fact kind {kind[:64]!r}; one of: {allowed}", field="kind")
-    if len(data_json) > max_bytes:
+    size = fact_bytes(data_json, max_bytes)
+    if size > max_bytes:
         raise FactTooLarge(
-            f"{kind} fact is {len(data_json)} bytes; the limit is {max_bytes}",
+            f"{kind} fact is {size} bytes; the limit is {max_bytes}",
             limit=str(max_bytes),
+            size=str(size),
         )
     try:
         data = json.loads(data_json or "{}")
