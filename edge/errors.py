@@ -15,7 +15,7 @@ with the right 4xx; a 500 is a bug::
      ├── TooManyRequests     429  too_many_requests
      │    ├── TooManyFailedKeys  (FAILED_KEYS_RATE_LIMITED, with Retry-After)
      │    └── TooManyStreams     (TOO_MANY_STREAMS, naming the limit)
-     └── Unavailable         503  unavailable
+     └── Unavailable         503  unavailable  (with Retry-After)
 
 Service errors (`KeelError`) reach clients through `from_service_error`; the
 app registers both roots as exception handlers, so routes only raise.
@@ -45,6 +45,9 @@ log = logging.getLogger("keel.edge")
 # A refusal names what it refused, but never hands a long client value back:
 # error messages end up in logs and UIs.
 MAX_ECHO_CHARS = 64
+# How long a 503 tells its client to wait: about what a pool takes to
+# reconnect once its database is back (services/common/pg_pool.py).
+UNAVAILABLE_RETRY_AFTER_S = 1
 
 
 class EdgeError(Exception):
@@ -190,10 +193,15 @@ class TooManyStreams(TooManyRequests):
 
 
 class Unavailable(EdgeError):
+    """Nothing was done; the same request may succeed shortly. Always says
+    when to come back (Retry-After, RetryInfo): a client that is not told
+    tends to retry at once, and all of them together."""
+
     status = 503
     code = "unavailable"
     grpc_code = grpc.StatusCode.UNAVAILABLE
     reason = "UNAVAILABLE"
+    retry_after_s = UNAVAILABLE_RETRY_AFTER_S
 
 
 def error_response(

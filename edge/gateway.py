@@ -304,12 +304,17 @@ class Gateway:
     async def status_of(self, view: SessionView) -> str:
         """idle, running, compacting or parked. The kernel knows whether an
         attempt holds the session; only its runner knows whether that attempt
-        is compacting right now."""
+        is compacting right now.
+
+        A kernel that cannot be asked makes this a 503, never `idle`: an
+        answer may still be streaming (its runner outlives a kernel gap),
+        and a client that reads `idle` stops waiting for it."""
         if view.parked:
             return "parked"
-        owner = await self.owner(view.session_id)
-        if owner is None:
+        lease = (await self.kernel.get_lease(view.session_id)).lease
+        if lease is None:
             return "idle"
+        owner = lease.runtime_id
         runner = await self.runner(owner)
         state = await self._runner_state(runner, view.session_id) if runner else None
         # A lease with no answer from its runner (starting, finishing, or the

@@ -80,6 +80,22 @@ class ServiceUnavailable(KeelError):
     reason = "UNAVAILABLE"
 
 
+class DatabaseUnavailable(ServiceUnavailable):
+    """The service's database cannot be reached. Every replica shares it, so
+    the status tells gRPC's channel retries (services/common/rpc.py) not to
+    send the call again elsewhere: the caller learns of the outage at once
+    instead of after each replica has waited for a connection."""
+
+    def to_status(self) -> grpc.Status:
+        status: Any = super().to_status()
+        # A negative pushback: "do not retry" (gRPC's retry design, A6).
+        pushback = (("grpc-retry-pushback-ms", "-1"),)
+        replaced: grpc.Status = status._replace(
+            trailing_metadata=(*status.trailing_metadata, *pushback)
+        )
+        return replaced
+
+
 def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | None:
     """The ErrorInfo detail a Keel service attached to a failed call."""
     metadata: Any = err.trailing_metadata() or ()
@@ -109,6 +125,10 @@ def error_from_rpc(
     message = err.details() or err.code().name
     if info is not None:
         cls: type[KeelError] = by_reason.get(info.reason, root)
+        if info.reason not in by_reason and err.code() == grpc.StatusCode.UNAVAILABLE:
+            # Another service's own "cannot answer now" (its database is
+            # away): still retryable here, not a generic failure of the root.
+            cls = ServiceUnavailable
         error = cls.__new__(cls)
         KeelError.__init__(error, message, **dict(info.metadata))
         return error

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from typing import Any
 
 import grpc
+from opentelemetry import metrics
 
 from keel.ledger.v1 import ledger_pb2 as pb
 from keel.ledger.v1 import ledger_pb2_grpc as pb_grpc
@@ -16,7 +19,9 @@ from services.common.errors import stream_errors, unary_errors
 from services.common.serving import GrpcService
 from services.ledger import facts as F
 from services.ledger.codec import fact_to_pb, view_to_pb
-from services.ledger.errors import InvalidFact, SessionNotFound
+from services.ledger.domain import Appended
+from services.ledger.errors import InvalidFact, SessionNotFound, StaleEpoch
+from services.ledger.metrics import time_append
 from services.ledger.store import LedgerStore
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -24,6 +29,38 @@ Context = grpc.aio.ServicerContext[Any, Any]
 # notification lost with a database connection delays a frame, never loses it.
 SAFETY_POLL_S = 2.0
 SUBSCRIBE_BATCH = 500
+
+# Every append the fence refused, said where the refusal is decided: a
+# fenced-off writer (a runner resumed after its lease was taken over) is
+# seen here even when it gave up on its call before the answer came back.
+fence_log = logging.getLogger("keel.ledger.fence")
+_stale_appends = metrics.get_meter("keel.ledger").create_counter(
+    "keel.ledger.stale_appends", description="appends refused by the fence (STALE_EPOCH)"
+)
+
+
+def note_refusal(
+    session_id: str, epoch: int, kinds: Sequence[str]
+) -> Callable[[asyncio.Future[list[Appended]]], None]:
+    """A done-callback of an append's outcome that counts and logs a
+    STALE_EPOCH refusal, as `stale append refused: session=… epoch=…
+    fence=… kinds=…` (the fence is the session's current epoch)."""
+
+    def settled(outcome: asyncio.Future[list[Appended]]) -> None:
+        if outcome.cancelled():
+            return
+        error = outcome.exception()  # also marks it retrieved
+        if isinstance(error, StaleEpoch):
+            _stale_appends.add(1)
+            fence_log.info(
+                "stale append refused: session=%s epoch=%d fence=%s kinds=%s",
+                session_id,
+                epoch,
+                error.metadata.get("fence", "?"),
+                ",".join(kinds),
+            )
+
+    return settled
 
 
 class SessionWaker:
@@ -89,6 +126,7 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
 
     @unary_errors
     async def Append(self, request: pb.AppendRequest, context: Context) -> pb.AppendResponse:
+        started = time.perf_counter()
         session_id = F.check_id(request.session_id, "session_id")
         if request.epoch < 0:
             raise InvalidFact(f"epoch must be >= 0, got {request.epoch}")
@@ -99,7 +137,14 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
         new_facts = [
             F.parse_fact(f.kind, f.data_json, self._settings.max_fact_bytes) for f in request.facts
         ]
-        results = await self._store.submit_async(session_id, new_facts, request.epoch)
+        outcome = self._store.submit_async(session_id, new_facts, request.epoch)
+        outcome.add_done_callback(
+            note_refusal(session_id, request.epoch, [f.kind for f in new_facts])
+        )
+        outcome.add_done_callback(time_append(started))
+        # Shielded: a caller that goes away does not cancel the outcome, so
+        # the decision (already queued) is still seen and counted.
+        results = await asyncio.shield(outcome)
         return pb.AppendResponse(
             results=[pb.AppendResult(seq=r.seq, duplicate=r.duplicate) for r in results],
             head_seq=max(r.seq for r in results),

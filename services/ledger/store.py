@@ -27,10 +27,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eventsourcing.application import AggregateNotFoundError
-from eventsourcing.persistence import IntegrityError, PersistenceError
+from eventsourcing.persistence import (
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    PersistenceError,
+)
 
 from services.common.config import Settings
-from services.common.errors import InternalError, ServiceUnavailable
+from services.common.errors import DatabaseUnavailable, InternalError, ServiceUnavailable
+from services.common.pg_pool import OutageGate
 from services.ledger import facts as F
 from services.ledger.backend import (
     LedgerApplication,
@@ -42,6 +48,7 @@ from services.ledger.backend import (
 )
 from services.ledger.domain import Appended, SessionStream, SessionView, to_committed
 from services.ledger.errors import LedgerError, SessionExists, SessionNotFound, WriteContention
+from services.ledger.metrics import record_batch
 
 log = logging.getLogger("keel.ledger.store")
 
@@ -115,6 +122,7 @@ class LedgerStore:
             self._tail.start()
         self.batches = 0
         self.batched_appends = 0
+        self._gate = OutageGate("ledger store")
 
     # -- writes --
 
@@ -164,7 +172,12 @@ class LedgerStore:
                 raise ServiceUnavailable("the ledger store is closed")
             self._readers += 1
         try:
+            self._gate.check()
             yield
+        except (PersistenceError, OSError) as exc:
+            # The database went away (an IntegrityError a caller expects is
+            # caught inside): a retryable UNAVAILABLE, never an INTERNAL.
+            raise self._unavailable(exc) from exc
         finally:
             with self._readers_changed:
                 self._readers -= 1
@@ -263,12 +276,29 @@ class LedgerStore:
                 chosen[pending.session_id] = pending
         settled: list[tuple[_PendingAppend, list[Appended] | BaseException]] = []
         committed: list[str] = []
+        try:
+            self._gate.check()
+        except DatabaseUnavailable as closed:
+            self._deliver([(p, DatabaseUnavailable(closed.message)) for p in chosen.values()])
+            return later
         with self._lock:
             decided: list[tuple[_PendingAppend, SessionStream, list[Appended]]] = []
+            unreachable: DatabaseUnavailable | None = None
             for pending in chosen.values():
+                if unreachable is not None:
+                    # The database did not answer one load of this batch:
+                    # every other load would wait as long for the same
+                    # answer, with the writer (and readers) held up behind.
+                    settled.append((pending, DatabaseUnavailable(unreachable.message)))
+                    continue
                 outcome = self._decide(pending, settled)
                 if outcome is not None:
                     decided.append(outcome)
+                elif isinstance(settled[-1][1], DatabaseUnavailable):
+                    unreachable = settled[-1][1]
+            if unreachable is not None:
+                self._fail_all(decided, unreachable, settled)
+                decided = []
             changed = [stream for _, stream, _ in decided if stream.pending_events]
             try:
                 if changed:
@@ -283,6 +313,7 @@ class LedgerStore:
             else:
                 self.batches += 1
                 self.batched_appends += len(decided)
+                record_batch(len(decided))
                 settled.extend((pending, results) for pending, _, results in decided)
                 committed.extend(stream.id for stream in changed)
         self._deliver(settled)
@@ -319,7 +350,7 @@ class LedgerStore:
             settled.append((pending, error))
             return None
         except (PersistenceError, OSError) as exc:
-            settled.append((pending, ServiceUnavailable(f"ledger store unavailable: {exc}")))
+            settled.append((pending, self._unavailable(exc)))
             return None
         return pending, stream, results
 
@@ -355,9 +386,20 @@ class LedgerStore:
         # Whether the transaction committed is unknown: drop the cached copies
         # and let the caller retry; dedup makes the retry safe.
         log.warning("ledger commit failed: %s", exc)
+        said = (
+            exc.message if isinstance(exc, DatabaseUnavailable) else self._unavailable(exc).message
+        )
         for pending, stream, _ in decided:
             self._forget(stream.id)
-            settled.append((pending, ServiceUnavailable(f"ledger store unavailable: {exc}")))
+            # One exception object per caller: each raises (and tracebacks) its own.
+            settled.append((pending, DatabaseUnavailable(said)))
+
+    def _unavailable(self, exc: Exception) -> DatabaseUnavailable:
+        """The error callers get for a failure of the database; one that says
+        it cannot be reached also closes the gate for a moment."""
+        if isinstance(exc, OperationalError | InterfaceError | OSError):
+            self._gate.failed()
+        return DatabaseUnavailable(f"ledger store unavailable: {exc}")
 
     # -- the aggregate cache --
 
