@@ -33,7 +33,7 @@ from kernel.registry import HandoffInfo, RuntimeInfo
 from kernel.tenancy import ApiKeyGrant, ApiKeyInfo, Loadout, Revocation, TenantInfo
 from services.common.config import Settings
 from services.common.errors import KeelError
-from services.common.rpc import streaming, unary
+from services.common.rpc import balanced_target, replica_channel_options, streaming, unary
 from services.common.serving import open_channel
 
 # Extra time a long-polling claim gets beyond its wait before it is abandoned.
@@ -41,6 +41,21 @@ _CLAIM_GRACE_S = 30.0
 # Re-attach delays after a broken stream: quick at first, then at most 2 s.
 _REATTACH_FIRST_S = 0.05
 _REATTACH_MAX_S = 2.0
+
+# Safe to resend to another replica after UNAVAILABLE (a Claim or Finish is
+# not: the first may have taken effect).
+_IDEMPOTENT_METHODS = (
+    "Renew",
+    "GetLease",
+    "SetDrain",
+    "ListRuntimes",
+    "ListHandoffs",
+    "Authenticate",
+    "GetLoadout",
+    "ListTenants",
+    "ListApiKeys",
+    "WatchRevocations",
+)
 
 R = TypeVar("R")
 
@@ -130,7 +145,13 @@ class KernelClient:
     """Async client of `keel.kernel.v1.KernelService`."""
 
     def __init__(self, target: str, settings: Settings | None = None) -> None:
-        self._channel = open_channel(target, settings or Settings())
+        # `target` may list kernel replicas ("host:port,host:port"); an
+        # Attach stream broken by one replica's death re-attaches to another.
+        self._channel = open_channel(
+            balanced_target(target),
+            settings or Settings(),
+            replica_channel_options("keel.kernel.v1.KernelService", _IDEMPOTENT_METHODS),
+        )
         self._stub = pb_grpc.KernelServiceStub(self._channel)
         self._attachments: list[Attachment] = []
 

@@ -39,9 +39,9 @@ from keel.kernel.v1 import kernel_pb2, kernel_pb2_grpc
 from keel.ledger.v1 import ledger_pb2, ledger_pb2_grpc
 from keel.runner.v1 import runner_pb2, runner_pb2_grpc
 from services.cli.data_dir import TOKEN_FILE, data_dir_token, with_internal_token
+from services.cli.supervisor import Supervisor
 from services.cli.up import (
     ModelChoiceError,
-    Supervisor,
     UpOptions,
     model_from_flag,
     model_secrets,

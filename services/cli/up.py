@@ -3,9 +3,9 @@
 Embedded (default): ledger, kernel, compaction, runner and edge in this
 process, each on its own loopback gRPC port and talking through the same
 contracts as in production. `--processes`: each service as its own OS process
-under a small supervisor that restarts a child that dies (runners there embed
-their own compaction service; the edge asks the compaction process for
-contexts).
+under a small supervisor that restarts a child that dies (services/cli/
+supervisor.py; runners there embed their own compaction service; the edge
+asks the compaction process for contexts).
 
 In both modes the services authenticate to each other with the data dir's
 internal token (services/cli/data_dir.py), and `--model` is granted its key
@@ -21,14 +21,11 @@ this process, and a drained edge is restarted on the same port.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import secrets
 import signal
-import socket
-import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,7 +37,6 @@ from services.cli.data_dir import close_data_dir
 from services.cli.discovery import remove_discovery, write_discovery
 from services.cli.embedded_runtimes import EmbeddedEdge, EmbeddedRunners
 from services.common.config import Settings
-from services.common.internal_auth import TOKEN_ENV
 from services.common.secrets import SecretPolicy
 from services.ledger import LedgerServer
 from services.runner.config import RunnerConfig
@@ -98,6 +94,10 @@ class UpOptions:
     host: str = "127.0.0.1"
     processes: bool = False
     runners: int = 1
+    # Replicas of the ledger and of the kernel (`--processes` on PostgreSQL
+    # only, see replica_refusal); clients get every address in one target.
+    ledgers: int = 1
+    kernels: int = 1
     dev_key: str = ""
     # The default tenant's model (`--model`, see model_from_flag); None
     # leaves its loadout as it is.
@@ -123,12 +123,12 @@ async def bootstrap_tenant(
     return key
 
 
-def _announce_grpc(address: str) -> None:
+def announce_grpc(address: str) -> None:
     # Before "Keel is up", which tells whoever reads the output that all is said.
     print(f"gRPC API: {address}", flush=True)
 
 
-def _announce(url: str, key: str, model: Mapping[str, str] | None = None) -> None:
+def announce(url: str, key: str, model: Mapping[str, str] | None = None) -> None:
     print(f"Keel is up: {url}/#key={key}", flush=True)
     print(f"  dev key (admin of tenant {DEFAULT_TENANT!r}, operator): {key}", flush=True)
     if model is not None:
@@ -140,12 +140,17 @@ def _announce(url: str, key: str, model: Mapping[str, str] | None = None) -> Non
     print(f"  try: curl -H 'Authorization: Bearer <key>' -X POST {url}/v1/sessions", flush=True)
 
 
-async def _wait_for_signal() -> None:
+def stop_signal() -> asyncio.Event:
+    """Set by SIGTERM or SIGINT from now on."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+    return stop
+
+
+async def _wait_for_signal() -> None:
+    await stop_signal().wait()
 
 
 async def up_embedded(settings: Settings, options: UpOptions) -> None:
@@ -183,8 +188,8 @@ async def up_embedded(settings: Settings, options: UpOptions) -> None:
     key = await bootstrap_tenant(kernel.target, settings, options.dev_key, options.model)
     url = f"http://{options.host}:{edge.port}"
     grpc_address = edge.edge.grpc_address or ""
-    _announce_grpc(grpc_address)
-    _announce(url, key, options.model)
+    announce_grpc(grpc_address)
+    announce(url, key, options.model)
     try:
         write_discovery(settings.data_dir, url, grpc_address)
         await _wait_for_signal()
@@ -198,187 +203,6 @@ async def up_embedded(settings: Settings, options: UpOptions) -> None:
             await compaction.stop()
         await kernel.stop()
         await ledger.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@dataclass
-class Child:
-    name: str
-    args: list[str]
-    process: asyncio.subprocess.Process | None = None
-    restarts: int = 0
-    output: list[str] = field(default_factory=list)
-
-
-class Supervisor:
-    """Starts each service as a child, restarts any that dies, stops them all."""
-
-    def __init__(self, settings: Settings, options: UpOptions) -> None:
-        self.settings = settings
-        self.options = options
-        self.children: list[Child] = []
-        self._stopping = False
-        self._readers: set[asyncio.Task[None]] = set()
-
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            {
-                "KEEL_DATABASE_URL": self.settings.database_url,
-                "KEEL_DATA_DIR": str(self.settings.data_dir),
-                "KEEL_PG_SCHEMA": self.settings.pg_schema,
-                # Every child checks and sends the same token (made per data dir).
-                TOKEN_ENV: self.settings.internal_token,
-                # Every child listens on loopback: nothing else to advertise.
-                "KEEL_ADVERTISE_ADDRESS": "",
-                **self.settings.secrets.to_env(),
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        return env
-
-    async def spawn(self, child: Child) -> None:
-        child.process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "services.cli.main",
-            *child.args,
-            env=self.env(),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        print(f"  {child.name}: pid {child.process.pid}", flush=True)
-
-    async def wait_ready(self, child: Child, marker: str) -> None:
-        assert child.process is not None and child.process.stdout is not None
-        while True:
-            line = await child.process.stdout.readline()
-            if not line:
-                raise RuntimeError(f"{child.name} exited before it was ready")
-            if marker in line.decode(errors="replace"):
-                # Keep reading so a chatty child never blocks on a full pipe.
-                self._readers.add(asyncio.create_task(self._drain_output(child)))
-                return
-
-    async def _drain_output(self, child: Child) -> None:
-        assert child.process is not None and child.process.stdout is not None
-        async for _ in child.process.stdout:
-            pass
-
-    async def keep_alive(self, child: Child, marker: str) -> None:
-        while not self._stopping:
-            assert child.process is not None
-            code = await child.process.wait()
-            if self._stopping:
-                return
-            child.restarts += 1
-            print(
-                f"  {child.name} (pid {child.process.pid}) exited with {code}; restarting",
-                flush=True,
-            )
-            await self.spawn(child)
-            with contextlib.suppress(RuntimeError):
-                await self.wait_ready(child, marker)
-
-    async def run(self) -> None:
-        ledger_addr = f"127.0.0.1:{_free_port()}"
-        kernel_addr = f"127.0.0.1:{_free_port()}"
-        compaction_addr = f"127.0.0.1:{_free_port()}"
-        # Chosen once, so an edge that is restarted comes back on the same port.
-        grpc_port = self.options.grpc_port or _free_port()
-        # The edge is a child: with port 0 the supervisor picks the port, so
-        # the URL it announces (and writes for clients) is the real one.
-        http_port = self.options.http_port or _free_port()
-        plan = [
-            (Child("ledger", ["ledger", "--address", ledger_addr]), "listening on"),
-            (
-                Child("kernel", ["kernel", "--address", kernel_addr, "--ledger", ledger_addr]),
-                "listening on",
-            ),
-            (
-                Child(
-                    "compaction",
-                    [
-                        "compaction",
-                        "--address",
-                        compaction_addr,
-                        "--ledger",
-                        ledger_addr,
-                        "--kernel",
-                        kernel_addr,
-                    ],
-                ),
-                "listening on",
-            ),
-        ]
-        plan += [
-            (
-                Child(
-                    f"runner-{i + 1}", ["runner", "--ledger", ledger_addr, "--kernel", kernel_addr]
-                ),
-                "listening on",
-            )
-            for i in range(max(self.options.runners, 1))
-        ]
-        plan.append(
-            (
-                Child(
-                    "edge",
-                    [
-                        "edge",
-                        "--ledger",
-                        ledger_addr,
-                        "--kernel",
-                        kernel_addr,
-                        "--compaction",
-                        compaction_addr,
-                        "--host",
-                        self.options.host,
-                        "--http-port",
-                        str(http_port),
-                        "--grpc-port",
-                        str(grpc_port),
-                    ],
-                ),
-                "listening on",
-            )
-        )
-        print("starting Keel as separate processes:", flush=True)
-        watchers: list[asyncio.Task[None]] = []
-        try:
-            for child, marker in plan:
-                self.children.append(child)
-                await self.spawn(child)
-                await self.wait_ready(child, marker)
-                if child.name == "kernel":
-                    key = await bootstrap_tenant(
-                        kernel_addr, self.settings, self.options.dev_key, self.options.model
-                    )
-                watchers.append(asyncio.create_task(self.keep_alive(child, marker)))
-            url = f"http://{self.options.host}:{http_port}"
-            grpc_address = f"{self.options.host}:{grpc_port}"
-            _announce_grpc(grpc_address)
-            _announce(url, key, self.options.model)
-            write_discovery(self.settings.data_dir, url, grpc_address)
-            await _wait_for_signal()
-        finally:
-            remove_discovery(self.settings.data_dir)
-            self._stopping = True
-            for child in reversed(self.children):
-                if child.process is not None and child.process.returncode is None:
-                    child.process.send_signal(signal.SIGTERM)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(child.process.wait(), 15)
-                    if child.process.returncode is None:
-                        child.process.kill()
-                        await child.process.wait()
-            for watcher in watchers:
-                watcher.cancel()
 
 
 def data_dir_settings(settings: Settings, data_dir: Path | None) -> Settings:

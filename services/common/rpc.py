@@ -9,7 +9,9 @@ mapping itself.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+import ipaddress
+import json
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -54,3 +56,60 @@ async def streaming(call: Any, root: type[KeelError]) -> AsyncIterator[Any]:
         raise as_error(err, root) from None
     finally:
         call.cancel()
+
+
+# A failed call of an idempotent method is retried on another replica (or on
+# the same one once it is back), a few times within about two seconds: long
+# enough to ride out one replica's death, short enough that a caller whose
+# whole service is down sees UNAVAILABLE promptly instead of hanging.
+# Targets that already name their resolver are passed through untouched.
+_SCHEMES = ("ipv4:", "ipv6:", "dns:", "unix:", "unix-abstract:", "vsock:")
+_RETRY_POLICY = {
+    "maxAttempts": 5,
+    "initialBackoff": "0.1s",
+    "maxBackoff": "1s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+
+
+def balanced_target(target: str) -> str:
+    """The gRPC target for `target`, which may list replicas separated by
+    commas (`127.0.0.1:7101,127.0.0.1:7111`): such a list becomes one
+    `ipv4:`/`ipv6:` target the channel spreads calls over (round robin),
+    skipping a replica that is down. A single address is kept as it is.
+
+    Raises ValueError for a list that names a host instead of an IP address
+    (gRPC resolves a list of IP addresses only)."""
+    if "," not in target or target.startswith(_SCHEMES):
+        return target
+    addresses = [a.strip() for a in target.split(",") if a.strip()]
+    families = set()
+    for address in addresses:
+        host = address.rpartition(":")[0].strip("[]")
+        try:
+            families.add(ipaddress.ip_address(host).version)
+        except ValueError:
+            raise ValueError(
+                f"replica list {target!r}: {address!r} is not an IP address and port"
+            ) from None
+    if len(families) != 1:
+        raise ValueError(f"replica list {target!r} mixes IPv4 and IPv6 addresses")
+    return f"ipv{families.pop()}:{','.join(addresses)}"
+
+
+def replica_channel_options(
+    service: str, idempotent_methods: Sequence[str]
+) -> list[tuple[str, Any]]:
+    """Channel options for a client of `service` (its full proto name):
+    round-robin over every address of the target, and retries on
+    UNAVAILABLE for the methods that are safe to send twice."""
+    config: dict[str, Any] = {"loadBalancingConfig": [{"round_robin": {}}]}
+    if idempotent_methods:
+        config["methodConfig"] = [
+            {
+                "name": [{"service": service, "method": m} for m in idempotent_methods],
+                "retryPolicy": _RETRY_POLICY,
+            }
+        ]
+    return [("grpc.service_config", json.dumps(config)), ("grpc.enable_retries", 1)]

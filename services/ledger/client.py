@@ -13,12 +13,16 @@ from typing import Any
 from keel.ledger.v1 import ledger_pb2 as pb
 from keel.ledger.v1 import ledger_pb2_grpc as pb_grpc
 from services.common.config import Settings
-from services.common.rpc import streaming, unary
+from services.common.rpc import balanced_target, replica_channel_options, streaming, unary
 from services.common.serving import open_channel
 from services.ledger.codec import fact_from_pb, new_fact_to_pb, view_from_pb
 from services.ledger.domain import Appended, SessionView
 from services.ledger.errors import LedgerError
 from services.ledger.facts import CommittedFact
+
+# Safe to resend to another replica after UNAVAILABLE. Appends are left to
+# the callers: only some facts carry a dedup key.
+_READ_ONLY_METHODS = ("Read", "Subscribe", "GetSession", "ListSessions")
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,12 @@ class LedgerClient:
     """Async client of `keel.ledger.v1.LedgerService`."""
 
     def __init__(self, target: str, settings: Settings | None = None) -> None:
-        self._channel = open_channel(target, settings or Settings())
+        # `target` may list ledger replicas ("host:port,host:port").
+        self._channel = open_channel(
+            balanced_target(target),
+            settings or Settings(),
+            replica_channel_options("keel.ledger.v1.LedgerService", _READ_ONLY_METHODS),
+        )
         self._stub = pb_grpc.LedgerServiceStub(self._channel)
 
     async def close(self) -> None:

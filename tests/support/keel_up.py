@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -121,3 +122,37 @@ async def keel_cli(
 ) -> subprocess.CompletedProcess[str]:
     """`run_keel` without blocking the event loop."""
     return await asyncio.to_thread(run_keel, *args, env=env, stdin=stdin)
+
+
+# `keel up --processes` announces each child start and readiness on lines of
+# its own: "  ledger-2: pid 4242", "  ledger-2 (pid 4242) is ready".
+def _started(name: str) -> re.Pattern[str]:
+    return re.compile(rf"^\s*{re.escape(name)}: pid (\d+)$")
+
+
+def _ready(name: str) -> re.Pattern[str]:
+    return re.compile(rf"^\s*{re.escape(name)} \(pid (\d+)\) is ready$")
+
+
+def child_pid(up: RunningKeel, name: str) -> int:
+    """The pid of `keel up --processes`'s child `name` as last started."""
+    pattern = _started(name)
+    pids = [int(m.group(1)) for line in list(up.child.lines) if (m := pattern.match(line))]
+    if not pids:
+        raise AssertionError(f"keel up started no child {name!r}:\n{up.child.output()}")
+    return pids[-1]
+
+
+async def restarted_child(up: RunningKeel, name: str, old_pid: int, deadline_s: float = 60) -> int:
+    """The pid of `name`'s replacement once the supervisor reports it ready
+    (a new pid: the dead one is never revived)."""
+    pattern = _ready(name)
+
+    def replaced(line: str) -> bool:
+        found = pattern.match(line)
+        return found is not None and int(found.group(1)) != old_pid
+
+    line = await up.child.line(replaced, deadline_s)
+    found = pattern.match(line)
+    assert found is not None
+    return int(found.group(1))
