@@ -41,6 +41,10 @@ class KernelConfig:
     retry_after_cap_ms: int = 900_000
     # How often owing sessions are re-read from the ledger (lost wake-ups).
     reconcile_ms: int = 5_000
+    # A session the reconciler finds owing but neither queued nor leased is
+    # enqueued at once, and warned about only when nothing was committed to
+    # it for this long: younger ones are answers or wake-ups still landing.
+    reconcile_grace_ms: int = 10_000
     # A waiting claim re-checks the store this often even without a wake-up,
     # so work made runnable by another kernel replica (or by the clock:
     # backoff ending) is seen without an in-process event.
@@ -57,6 +61,20 @@ class KernelConfig:
     # runtime should survive; and it is at least a second, so a runtime is
     # never forgotten between its Register and its Attach.
     runtime_retention_ms: int = 3_600_000
+    # Each kernel writes a heartbeat this often for every runtime attached to
+    # it, and looks for runtimes whose heartbeat stopped (kernel.liveness).
+    runtime_heartbeat_ms: int = 1_000
+    # A runtime marked attached whose heartbeat is older than this (on the
+    # database's clock) died with its kernel: any kernel expires its leases.
+    # Several heartbeats long, so a live kernel's slow write is not a death.
+    runtime_dead_after_ms: int = 3_000
+
+    def __post_init__(self) -> None:
+        if self.runtime_dead_after_ms < 2 * self.runtime_heartbeat_ms:
+            raise ValueError(
+                "KEEL_RUNTIME_DEAD_AFTER_MS must be at least twice KEEL_RUNTIME_HEARTBEAT_MS "
+                f"({self.runtime_dead_after_ms} < 2 * {self.runtime_heartbeat_ms})"
+            )
 
     @property
     def retry_policy(self) -> RetryPolicy:
@@ -89,8 +107,11 @@ class KernelConfig:
             max_rate_limited=_int(env, "KEEL_MAX_RATE_LIMITED", 20, 1),
             retry_after_cap_ms=_int(env, "KEEL_RETRY_AFTER_CAP_MS", 900_000, 0),
             reconcile_ms=_int(env, "KEEL_RECONCILE_MS", 5_000, 10),
+            reconcile_grace_ms=_int(env, "KEEL_RECONCILE_GRACE_MS", 10_000, 0),
             recheck_ms=_int(env, "KEEL_CLAIM_RECHECK_MS", 500, 10),
             sweep_ms=_int(env, "KEEL_SWEEP_MS", 0, 0),
             attach_heartbeat_ms=_int(env, "KEEL_ATTACH_HEARTBEAT_MS", 2_000, 100),
             runtime_retention_ms=_int(env, "KEEL_RUNTIME_RETENTION_MS", 3_600_000, 1_000),
+            runtime_heartbeat_ms=_int(env, "KEEL_RUNTIME_HEARTBEAT_MS", 1_000, 10),
+            runtime_dead_after_ms=_int(env, "KEEL_RUNTIME_DEAD_AFTER_MS", 3_000, 20),
         )

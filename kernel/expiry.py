@@ -24,6 +24,13 @@ successor, with the same idempotency key — but never a duplicate or
 conflicting *fact*. The old owner also learns quickly: its next Renew fails
 with `LEASE_LOST`/`STALE_EPOCH` and it stops.
 
+Losing a whole node
+-------------------
+A runtime that dies together with the kernel holding its stream ends no
+stream anywhere else; kernel.liveness covers it: that kernel stops writing
+the runtime's heartbeat, and any other kernel expires its leases the same
+way a few seconds later.
+
 TTL
 ---
 The TTL (`KEEL_LEASE_MS`) still covers what a stream cannot see: a network
@@ -77,6 +84,10 @@ class Attachments:
 
     def attached(self, runtime_id: str) -> bool:
         return self._streams[runtime_id] > 0
+
+    def runtime_ids(self) -> list[str]:
+        """The runtimes with a stream open here (kernel.liveness beats them)."""
+        return [runtime_id for runtime_id, count in self._streams.items() if count > 0]
 
     async def stream(
         self, runtime_id: str, on_end: Callable[[Callable[[], None]], None] | None = None

@@ -8,9 +8,10 @@ A process that dies leaves its row behind, detached. Every pod of every
 rolling upgrade would stay listed forever, so rows detached (or never
 attached) for longer than a retention period, and holding no lease, are
 pruned. `seen_at_ms` is when a row last registered, attached or detached,
-and is refreshed while the runtime stays attached (`touch`): a row still
-marked attached but not seen for `STALE_AFTER_MS` belongs to a runtime
-whose kernel died with it, and is listed as detached.
+and is refreshed while the runtime stays attached (`touch`, and every
+heartbeat of kernel.liveness, whose search for dead runtimes also clears
+`attached` within seconds of a death no kernel saw): a row still marked
+attached but not seen for `STALE_AFTER_MS` is listed as detached regardless.
 
 A handoff row is written by the release that hands a session off (in the
 release's transaction, `insert_handoff`) with no new runtime yet; the
@@ -28,7 +29,8 @@ from kernel.errors import UnknownRuntime
 from kernel.handoffs import HandoffNote, insert_handoff
 from kernel.store import Clock, now_ms
 
-# A runtime attached to a kernel is touched every TOUCH_MS; one not seen for
+# A runtime attached to a kernel is touched at least every TOUCH_MS (every
+# heartbeat of kernel.liveness, in fact); one not seen for
 # STALE_AFTER_MS is listed as detached whatever its row says.
 TOUCH_MS = 10_000
 STALE_AFTER_MS = 3 * TOUCH_MS
@@ -148,8 +150,13 @@ class RegistryStore:
         self._db.run(work)
 
     def set_attached(self, runtime_id: str, attached: bool) -> None:
-        # A runtime's retention period runs from its last detach.
-        self._update(runtime_id, "attached = %s, seen_at_ms = %s", (int(attached), self._clock()))
+        # A runtime's retention period runs from its last detach. Attaching
+        # is also a heartbeat (kernel.liveness), or another kernel could take
+        # a re-attached runtime's old, stale beat for a death.
+        assignments = "attached = %s, seen_at_ms = %s"
+        if attached:
+            assignments += ", beat_at_ms = {db_now_ms}"
+        self._update(runtime_id, assignments, (int(attached), self._clock()))
 
     def set_drain(self, runtime_id: str, mode: DrainMode) -> None:
         self._update(runtime_id, "drain_mode = %s", (mode.value,))

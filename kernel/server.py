@@ -11,6 +11,7 @@ from typing import Any
 from kernel.config import KernelConfig
 from kernel.database import Database
 from kernel.expiry import Attachments, RuntimePruner, Sweeper
+from kernel.liveness import Heartbeats, LivenessStore
 from kernel.metrics import KernelMetrics
 from kernel.reconcile import Reconciler
 from kernel.registry import RegistryStore
@@ -19,6 +20,7 @@ from kernel.store import LeaseStore
 from kernel.tenancy import TenantStore
 from kernel.waker import ClaimWaker
 from services.common.config import Settings
+from services.common.errors import KeelError
 from services.common.serving import RunningServer, serve_services
 
 log = logging.getLogger("keel.kernel")
@@ -50,6 +52,8 @@ class KernelServer:
         self.registry: RegistryStore | None = None
         self.tenants: TenantStore | None = None
         self.attachments: Attachments | None = None
+        self.liveness: LivenessStore | None = None
+        self.heartbeats: Heartbeats | None = None
         self.servicer: KernelServicer | None = None
         self.reconciler: Reconciler | None = None
         self.running: RunningServer | None = None
@@ -73,6 +77,8 @@ class KernelServer:
             self.metrics,
             on_change=self.waker.wake,
         )
+        # Read only when a metrics reader asks (a scrape): no cost otherwise.
+        self.metrics.observe_queue(self.leases.queue_depth)
         self.registry = RegistryStore(self.database)
         self.tenants = TenantStore(self.database)
         # Counters change with their leases, so this should find nothing;
@@ -91,6 +97,25 @@ class KernelServer:
         self.running = await serve_services(
             [kernel_service(self.servicer)], self.address, self.settings
         )
+        self.liveness = LivenessStore(self.database, self.leases)
+        # A restarted `keel up`: its predecessor's runners are gone now.
+        try:
+            gone = await asyncio.to_thread(
+                self.liveness.bury_gone_processes, self.settings.data_dir
+            )
+        except KeelError as error:
+            log.warning("could not free the sessions of gone runtimes: %s", error)
+            gone = {}
+        for runtime_id, freed in gone.items():
+            if freed:
+                log.info("runtime %s is gone; expired %d lease(s)", runtime_id, len(freed))
+        self.heartbeats = Heartbeats(
+            self.liveness,
+            self.attachments.runtime_ids,
+            self.config.runtime_heartbeat_ms,
+            self.config.runtime_dead_after_ms,
+        )
+        self._spawn(self.heartbeats.run(), "kernel-heartbeats")
         sweeper = Sweeper(self.leases, self.config.sweep_interval_ms(self.settings.lease_ms))
         self._spawn(sweeper.run(), "kernel-sweeper")
         pruner = RuntimePruner(
@@ -99,7 +124,11 @@ class KernelServer:
         self._spawn(pruner.run(), "kernel-runtime-pruner")
         if self.ledger_target:
             self.reconciler = Reconciler(
-                self.leases, self.ledger_target, self.settings, self.config.reconcile_ms
+                self.leases,
+                self.ledger_target,
+                self.settings,
+                self.config.reconcile_ms,
+                self.config.reconcile_grace_ms,
             )
             self._spawn(self.reconciler.run(), "kernel-reconciler")
 

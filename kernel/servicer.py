@@ -38,12 +38,12 @@ from kernel.errors import InvalidArgument
 from kernel.expiry import Attachments
 from kernel.handoffs import HandoffNote
 from kernel.loadout_secrets import check_loadout_secrets
-from kernel.registry import TOUCH_MS, Registration, RegistryStore
+from kernel.registry import Registration, RegistryStore
 from kernel.revocations import RevocationFeed
 from kernel.store import LeaseStore
 from kernel.tenancy import TenantStore, parse_document
 from kernel.waker import ClaimWaker
-from services.common.errors import KeelError, stream_errors, unary_errors
+from services.common.errors import stream_errors, unary_errors
 from services.common.secrets import SecretPolicy
 from services.common.serving import GrpcService
 
@@ -102,9 +102,6 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         self._attachments = attachments
         self._waker = waker
         self._recheck_s = config.recheck_ms / 1000
-        # An attached runtime's row is touched at a heartbeat this often; a
-        # row not touched for three of these is listed as detached.
-        self._touch_ms = max(TOUCH_MS, config.attach_heartbeat_ms)
         # The operator's grants (Settings.secrets); by default none, so a
         # loadout may name no secret at all.
         self._secrets = secrets or SecretPolicy()
@@ -147,18 +144,11 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         self, request: pb.AttachRequest, context: Context
     ) -> AsyncIterator[pb.AttachResponse]:
         runtime_id = check_id(request.runtime_id, "runtime_id")
-        touched = 0
         # The RPC's end (the peer gone), not only the generator's, ends the
-        # attachment: see Attachments.stream.
+        # attachment: see Attachments.stream. While it lasts, this kernel's
+        # heartbeat (kernel.liveness) keeps the runtime's row alive.
         beats = self._attachments.stream(runtime_id, lambda end: _on_done(context, end))
         async for server_time in beats:
-            if touched and server_time - touched >= self._touch_ms:
-                # Liveness: a row never touched again is a runtime gone with
-                # the kernel that held its stream.
-                with contextlib.suppress(KeelError):
-                    await asyncio.to_thread(self._registry.touch, runtime_id)
-                touched = server_time
-            touched = touched or server_time
             yield pb.AttachResponse(server_time_ms=server_time)
 
     @unary_errors
@@ -191,9 +181,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
     async def ListRuntimes(
         self, request: pb.ListRuntimesRequest, context: Context
     ) -> pb.ListRuntimesResponse:
-        runtimes = await asyncio.to_thread(
-            self._registry.list_runtimes, self._leases.held_by, 3 * self._touch_ms
-        )
+        runtimes = await asyncio.to_thread(self._registry.list_runtimes, self._leases.held_by)
         return pb.ListRuntimesResponse(runtimes=[runtime_to_pb(r) for r in runtimes])
 
     @unary_errors

@@ -62,6 +62,12 @@ _CANDIDATES = (
     "ORDER BY s.queued_at_ms, s.session_id LIMIT %s {skip_locked}"
 )
 
+_QUEUE_DEPTH = (
+    "SELECT COUNT(*), SUM(CASE WHEN EXISTS (SELECT 1 FROM kernel_slots t "
+    "WHERE t.tenant_id = s.tenant_id AND t.in_use >= t.max_runs) THEN 1 ELSE 0 END) "
+    "FROM kernel_sessions s WHERE s.queued = 1 AND s.parked = 0 AND s.state <> 'held'"
+)
+
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -165,8 +171,11 @@ class LeaseStore:
         """The oldest claimable session whose tenant has a free slot, or None."""
         done: list[Transition] = []
 
+        passed_over: Counter[str] = Counter()
+
         def work(tx: Tx) -> Lease | None:
             done.clear()
+            passed_over.clear()
             now = self._clock()
             runtime = tx.one(
                 "SELECT drain_mode FROM runtime_instances WHERE runtime_id = %s", (runtime_id,)
@@ -187,6 +196,7 @@ class LeaseStore:
                         record, runtime_id, uuid.uuid4().hex, now, self.lease_ms
                     )
                     if transition.slot_delta > 0 and not admission.take(tx, record.tenant_id):
+                        passed_over[record.tenant_id] += 1
                         continue
                     # The slot (if one was needed) was taken just above.
                     self._apply(tx, transition, done, slots=False)
@@ -198,7 +208,14 @@ class LeaseStore:
 
         lease = self._db.run(work)
         self.metrics.record(done)
+        self.metrics.admission_rejected(sum(passed_over.values()))
         return lease
+
+    def queue_depth(self) -> tuple[int, int]:
+        """(runnable sessions nobody holds, those of them whose tenant's run
+        slots are all taken)."""
+        row = self._db.run(lambda tx: tx.one(_QUEUE_DEPTH), write=False)
+        return (0, 0) if row is None else (int(row[0] or 0), int(row[1] or 0))
 
     # -- the holder's calls --
 
@@ -304,14 +321,21 @@ class LeaseStore:
         self._committed(done)
         return len(done)
 
-    def expire_runtime(self, runtime_id: str) -> list[str]:
+    def expire_runtime(
+        self, runtime_id: str, dead: Callable[[Tx, int], bool] | None = None
+    ) -> list[str]:
         """Fast takeover: ends every live lease of a runtime whose connection
-        died, now rather than at TTL. Returns the sessions it freed."""
+        died, now rather than at TTL. Returns the sessions it freed.
+
+        With `dead`, only if `dead(tx, now)` confirms the death in the same
+        transaction (kernel.liveness: a heartbeat still stale under lock)."""
         done: list[Transition] = []
 
         def work(tx: Tx) -> None:
             done.clear()
             now = self._clock()
+            if dead is not None and not dead(tx, now):
+                return
             rows = tx.rows(
                 f"{_SELECT} WHERE s.runtime_id = %s AND s.state = 'held' "
                 "ORDER BY s.session_id {lock}",
