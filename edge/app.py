@@ -5,6 +5,8 @@ assembles them with what they share: the gateway, the metrics and the
 client limits' state (on `app.state`), and the middlewares every request
 passes, outermost first:
 
+- OpenTelemetry's ASGI middleware (only when spans are exported): the
+  request's server span, continuing a caller's W3C traceparent;
 - `SecurityHeaders`: nosniff, CSP with frame-ancestors, no referrer;
 - `RequestMetrics`: counts each request by route and status (a client that
   left is a 499, not a 500);
@@ -16,6 +18,7 @@ so routes raise instead of catching.
 
 from __future__ import annotations
 
+from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -50,6 +53,21 @@ async def _wrong_method(request: Request, error: Exception) -> Response:
     return response
 
 
+def _tracing(gateway: Gateway) -> list[Middleware]:
+    """The server span of each request, outermost, continuing a caller's W3C
+    traceparent; none when spans go nowhere. Only the request is a span (not
+    each body chunk or SSE frame), and probes are not traced."""
+    if not gateway.settings.tracing:
+        return []
+    return [
+        Middleware(
+            OpenTelemetryMiddleware,
+            excluded_urls="/healthz,/readyz,/metrics",
+            exclude_spans=["receive", "send"],
+        )
+    ]
+
+
 def create_app(gateway: Gateway, guards: Guards | None = None) -> Starlette:
     """The edge's app; `guards` are shared with the gRPC API of the same
     edge (stream limits count both doors), else this app's own."""
@@ -66,6 +84,7 @@ def create_app(gateway: Gateway, guards: Guards | None = None) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[
+            *_tracing(gateway),
             Middleware(SecurityHeaders),
             Middleware(RequestMetrics, metrics=metrics),
             Middleware(BodyDeadline, limits=guards.limits),

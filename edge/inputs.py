@@ -21,6 +21,7 @@ from edge.auth import Caller
 from edge.errors import BadRequest, Unavailable, shown
 from edge.gateway import Gateway
 from services.blobs import is_blob_id
+from services.common import tracing
 from services.common.errors import KeelError
 
 log = logging.getLogger("keel.edge.inputs")
@@ -152,6 +153,10 @@ async def _append_input(
     # Everything is validated before this append (the edge's ids are a
     # subset of what the ledger and the kernel accept): once it commits, the
     # answer must say so, never a refusal a client would read as "not sent".
+    traceparent = tracing.current_traceparent()
+    if traceparent is not None:
+        # The turn's trace goes on in whichever runner answers this input.
+        data[tracing.TRACEPARENT] = traceparent
     appended = await gateway.ledger.append_one(session_id, "input", data)
     request_id = data["requestId"]
     try:

@@ -22,9 +22,11 @@ from prometheus_client import Gauge
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
 
+from edge import metrics as edge_metrics
 from edge.fanout import Drain, Live
 from edge.gateway import Gateway
 from edge.limits import StreamSlot
+from services.common import tracing
 from services.ledger import CommittedFact
 from services.runner.hub import Partial
 
@@ -48,7 +50,7 @@ def fact_json(fact: CommittedFact) -> dict[str, Any]:
         "kind": fact.kind,
         "timestamp": fact.timestamp_ms,
         "epoch": fact.epoch,
-        "data": fact.data,
+        "data": tracing.client_data(fact.kind, fact.data),
     }
 
 
@@ -90,21 +92,24 @@ class SessionStream:
         follow = self._gateway.fanout.follow(self._session_id, self._after)
         if self._clients is not None:
             self._clients.inc()
+        edge_metrics.sse_client_opened()
         try:
             async for batch in follow:
-                chunk = b"".join(
-                    encoded for encoded in map(encode_once, batch) if encoded is not None
-                )
+                events = [encoded for encoded in map(encode_once, batch) if encoded is not None]
+                chunk, frames = b"".join(events), len(events)
                 if isinstance(batch[-1], Drain):
                     retry = self._gateway.config.drain_retry_after_ms
                     chunk += ServerSentEvent(
                         data=json.dumps({"retry_after_ms": retry}), event="drain"
                     ).encode()
+                    frames += 1
                 if chunk:
                     yield chunk
+                    edge_metrics.sse_frames_sent(frames)
         finally:
             if self._clients is not None:
                 self._clients.dec()
+            edge_metrics.sse_client_closed()
             await follow.aclose()
 
 

@@ -1,13 +1,47 @@
-"""gRPC calls carry OpenTelemetry spans only when an exporter takes them:
-with the default `KEEL_OTEL_EXPORTER=none` the instrumentation would cost
-every internal call without anyone ever seeing a span."""
+"""One trace per turn, across processes; and gRPC instrumentation only when
+spans go somewhere.
+
+`keel up --processes` runs each service in its own OS process, every one
+exporting to a real OTLP collector the test runs. A turn's trace starts at
+the input's POST; the attempt that answers continues it from the
+`traceparent` stored with the input, so one trace id holds the edge's,
+kernel's, ledger's and runner's spans, the provider call among them, each
+span's parent in the trace. After a runner is SIGKILLed mid-answer, its
+successor (a new process) reads the same traceparent from the ledger and
+answers in the input's trace; an input that arrived meanwhile, answered by
+the same attempt, is a link.
+
+With the default `KEEL_OTEL_EXPORTER=none` the gRPC instrumentation would
+cost every internal call without anyone ever seeing a span.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
 import pytest
 
+from keel.sessions.v1 import sessions_pb2 as pb
+from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
 from services.common.config import Settings
 from services.common.serving import open_channel
+from tests.runner.cluster import eventually
+from tests.support.keel_up import RunningKeel, child_pid, keel_up
+from tests.support.otlp_collector import OtlpCollector, ReceivedSpan
+
+KEY = "tracing-test-key-0123456789abcdef"
+# A successor takes a killed runner's session over within about this.
+LEASE_MS = 2000
+TURN_SPANS = ("keel.claim", "keel.epoch_started", "keel.context_build", "keel.provider")
+TURN_SPANS += ("keel.tool", "keel.commit", "keel.finish")
 
 
 @pytest.mark.parametrize(("exporter", "traced"), [("none", False), ("console", True)])
@@ -51,3 +85,282 @@ async def test_no_token_no_token_interceptor() -> None:
             assert getattr(channel, f"_{kind}_interceptors") == [], kind
     finally:
         await channel.close(None)
+
+
+# ------------------------------------------------------- one trace per turn
+
+
+class TracedKeel:
+    def __init__(self, up: RunningKeel, collector: OtlpCollector, trigger: Path) -> None:
+        self.up = up
+        self.collector = collector
+        # Written, it stops the first runner that reaches the point it names.
+        self.trigger = trigger
+
+    def http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.up.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30
+        )
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TracedKeel]:
+    collector = OtlpCollector().start()
+    data = tmp_path_factory.mktemp("traced")
+    trigger = data / "fault-trigger"
+    env = {**collector.env(), "KEEL_LEASE_MS": str(LEASE_MS), "KEEL_FAULT_TRIGGER": str(trigger)}
+    try:
+        with keel_up(data / "keel", KEY, "--processes", env=env) as up:
+            yield TracedKeel(up, collector, trigger)
+    finally:
+        collector.stop()
+
+
+async def _post_input(http: httpx.AsyncClient, session: str, text: str) -> int:
+    posted = await http.post(f"/v1/sessions/{session}/inputs", json={"text": text})
+    assert posted.status_code == 202, posted.text
+    seq: int = posted.json()["seq"]
+    return seq
+
+
+async def _answered(http: httpx.AsyncClient, session: str, seq: int) -> list[dict[str, Any]]:
+    async def facts() -> list[dict[str, Any]] | None:
+        page = (await http.get(f"/v1/sessions/{session}/events?format=json")).json()
+        found: list[dict[str, Any]] = page["facts"]
+        done = any(
+            f["kind"] == "assistant" and seq in f["data"].get("inputSeqs", []) for f in found
+        )
+        return found if done else None
+
+    return await eventually(facts, f"an answer to input {seq}", 60)
+
+
+def _post_spans(collector: OtlpCollector, session: str) -> list[ReceivedSpan]:
+    """The edge's server spans of the POSTs of inputs to `session`."""
+    path = f"/v1/sessions/{session}/inputs"
+    return [
+        s
+        for s in collector.spans()
+        if s.service == "keel-edge"
+        and not s.parent_span_id
+        and any(isinstance(v, str) and v.endswith(path) for v in s.attributes.values())
+    ]
+
+
+async def _trace_of_turn(
+    collector: OtlpCollector, session: str, posts: int, finished_attempts: int
+) -> tuple[list[ReceivedSpan], list[ReceivedSpan]]:
+    """The POST spans of `session` and the trace of its first, once it holds
+    `finished_attempts` ended attempt spans and their kernel Finish calls."""
+
+    async def complete() -> tuple[list[ReceivedSpan], list[ReceivedSpan]] | None:
+        roots = _post_spans(collector, session)
+        if len(roots) < posts:
+            return None
+        trace = collector.trace(roots[0].trace_id)
+        names = [(s.service, s.name) for s in trace]
+        attempts = names.count(("keel-runner", "keel.attempt"))
+        finishes = sum(1 for svc, name in names if svc == "keel-kernel" and name.endswith("Finish"))
+        ids = {s.span_id for s in trace}
+        # Spans are exported by each process on its own schedule: wait for
+        # the children a finished attempt made in the other services too.
+        others = [s for s in trace if s.service != "keel-runner" and s.parent_span_id]
+        settled = all(s.parent_span_id in ids for s in others)
+        # The ledger's span of each commit (and of the input's own append).
+        appends = sum(1 for svc, name in names if svc == "keel-ledger" and name.endswith("/Append"))
+        settled = settled and appends >= names.count(("keel-runner", "keel.commit")) + 1
+        if attempts >= finished_attempts and finishes >= finished_attempts and settled:
+            return roots, trace
+        return None
+
+    try:
+        return await eventually(complete, "the turn's spans at the collector", 30)
+    except AssertionError:
+        roots = _post_spans(collector, session)
+        got = collector.trace(roots[0].trace_id) if roots else []
+        raise AssertionError(
+            f"the trace of the first of {len(roots)} POSTs holds only "
+            f"{sorted({(s.service, s.name) for s in got})}"
+        ) from None
+
+
+async def test_one_turn_is_one_trace_across_every_service(traced: TracedKeel) -> None:
+    async with traced.http() as http:
+        session = (await http.post("/v1/sessions", json={})).json()["id"]
+        seq = await _post_input(http, session, "/tool clock {}")
+        facts = await _answered(http, session, seq)
+    (root,), trace = await _trace_of_turn(traced.collector, session, 1, 1)
+
+    services = {s.service for s in trace}
+    assert {"keel-edge", "keel-ledger", "keel-kernel", "keel-runner"} <= services, services
+    # One root, the input's POST; every other span's parent is in the trace.
+    ids = {s.span_id for s in trace}
+    assert [s for s in trace if not s.parent_span_id] == [root]
+    orphans = [
+        (s.service, s.name) for s in trace if s.parent_span_id and s.parent_span_id not in ids
+    ]
+    assert orphans == [], orphans
+    # The answering attempt hangs under the POST, which stored its context.
+    (attempt,) = [s for s in trace if s.name == "keel.attempt"]
+    assert attempt.parent_span_id == root.span_id
+    names = {s.name for s in trace if s.service == "keel-runner"}
+    assert set(TURN_SPANS) <= names, names
+    # The ledger's and kernel's server spans of the attempt's calls are its descendants.
+    assert any(s.service == "keel-ledger" and _under(trace, s, attempt) for s in trace)
+    assert any(s.service == "keel-kernel" and _under(trace, s, attempt) for s in trace)
+    # The provider call: two of them (the tool call, then the answer), with model and tokens.
+    providers = [s for s in trace if s.name == "keel.provider"]
+    assert len(providers) == 2
+    for provider in providers:
+        assert provider.attributes["gen_ai.request.model"]
+        assert provider.attributes["gen_ai.usage.output_tokens"] > 0
+    (tool,) = [s for s in trace if s.name == "keel.tool"]
+    assert tool.attributes["keel.tool.name"] == "clock"
+    # Every span of the attempt names its session, tenant, epoch and attempt.
+    epoch = next(f["epoch"] for f in facts if f["kind"] == "epoch_started")
+    for span in trace:
+        if span.service == "keel-runner" and span.name.startswith("keel."):
+            tenant = span.attributes["keel.tenant_id"]
+            # Internally a session is named within its tenant.
+            assert span.attributes["keel.session_id"] == f"{tenant}:{session}", span
+            assert span.attributes["keel.epoch"] == epoch, span
+            assert span.attributes["keel.attempt_id"] == attempt.attributes["keel.attempt_id"]
+    # The context is kept with the input, not in what clients are shown.
+    (shown,) = [f for f in facts if f["kind"] == "input"]
+    assert set(shown["data"]) == {"text", "requestId"}, shown
+
+
+async def test_a_turn_answered_after_a_runner_sigkill_stays_in_the_inputs_trace(
+    traced: TracedKeel,
+) -> None:
+    up, collector = traced.up, traced.collector
+    traced.trigger.write_text("mid_stream")
+    async with traced.http() as http:
+        session = (await http.post("/v1/sessions", json={})).json()["id"]
+        first = await _post_input(http, session, "/slow 1 interrupted answer")
+        await up.child.line(lambda line: "FAULT mid_stream" in line, 60)
+        killed = child_pid(up, "runner-1")
+        # Arrives while the runner is frozen: its successor answers both inputs.
+        second = await _post_input(http, session, "and one more")
+
+        async def exported_before_the_kill() -> bool | None:
+            spans = collector.spans()
+            return True if any(s.pid == killed and s.name == "keel.claim" for s in spans) else None
+
+        # The frozen runner's exporter thread still runs: what it ended is sent.
+        await eventually(exported_before_the_kill, "the frozen runner's ended spans", 30)
+        os.kill(killed, signal.SIGKILL)
+        facts = await _answered(http, session, first)
+    answer = next(f for f in facts if f["kind"] == "assistant" and first in f["data"]["inputSeqs"])
+    assert second in answer["data"]["inputSeqs"]
+    (first_post, second_post), trace = await _trace_of_turn(collector, session, 2, 1)
+    if first_post.trace_id != trace[0].trace_id:
+        first_post, second_post = second_post, first_post
+
+    # The successor, a new process, continued the first input's trace.
+    (successor,) = [s for s in trace if s.name == "keel.attempt"]
+    assert successor.pid != killed
+    assert successor.parent_span_id == first_post.span_id
+    assert successor.links == ((second_post.trace_id, second_post.span_id),)
+    successor_spans = {s.name for s in trace if s.pid == successor.pid}
+    assert {"keel.provider", "keel.finish"} <= successor_spans, successor_spans
+    # The killed attempt is in the same trace: its spans that ended before
+    # the kill hang under its attempt span, which never ended.
+    dead = [s for s in trace if s.pid == killed]
+    assert {s.name for s in dead} >= {"keel.claim", "keel.epoch_started"}, dead
+    (dead_epoch,) = {s.attributes["keel.epoch"] for s in dead if "keel.epoch" in s.attributes}
+    assert dead_epoch < successor.attributes["keel.epoch"]
+    ids = {s.span_id for s in trace}
+    orphans = {s.parent_span_id for s in trace if s.parent_span_id not in ids | {""}}
+    assert len(orphans) == 1, orphans
+    assert all(s.pid == killed for s in trace if s.parent_span_id in orphans)
+
+
+async def test_an_input_sent_over_grpc_continues_the_callers_w3c_trace(
+    traced: TracedKeel,
+) -> None:
+    """The caller's traceparent (W3C, in the call's metadata) is the turn's
+    parent: the edge's SendInput span and the answering attempt are in its trace."""
+    address = json.loads(traced.up.discovery_file.read_text())["grpc"]
+    trace_id, caller_span = secrets.token_hex(16), secrets.token_hex(8)
+    metadata = (
+        ("authorization", f"Bearer {KEY}"),
+        ("traceparent", f"00-{trace_id}-{caller_span}-01"),
+    )
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.SessionServiceStub(channel)
+        created = await stub.CreateSession(pb.CreateSessionRequest(), metadata=metadata[:1])
+        session = created.session_id
+        sent = await stub.SendInput(
+            pb.SendInputRequest(session_id=session, text="over grpc"), metadata=metadata
+        )
+    async with traced.http() as http:
+        await _answered(http, session, sent.seq)
+
+    async def attempt_in_trace() -> list[ReceivedSpan] | None:
+        trace = traced.collector.trace(trace_id)
+        return trace if any(s.name == "keel.attempt" for s in trace) else None
+
+    trace = await eventually(attempt_in_trace, "the attempt in the caller's trace", 30)
+    (send_input,) = [s for s in trace if s.service == "keel-edge" and s.name.endswith("SendInput")]
+    assert send_input.parent_span_id == caller_span
+    (attempt,) = [s for s in trace if s.name == "keel.attempt"]
+    assert attempt.parent_span_id == send_input.span_id
+
+
+async def test_a_compaction_is_in_the_trace_of_the_turn_it_runs_in(traced: TracedKeel) -> None:
+    """A small context window makes a compaction due within a few turns: it
+    runs inside the turn's attempt, so the compaction service's spans (a
+    runner's own, under `keel up --processes`) and the ledger's append of the
+    summary hang under the runner's compaction span, in the input's trace."""
+    loadout = {
+        "model": {"provider": "scripted", "name": "scripted-1", "contextWindow": 2400},
+        "compaction": {"enabled": True, "keepRecentTokens": 700, "reserveTokens": 600},
+    }
+    async with traced.http() as http:
+        put = await http.put("/v1/loadout", json=loadout)
+        assert put.status_code == 200, put.text
+        session = (await http.post("/v1/sessions", json={})).json()["id"]
+        for _ in range(16):
+            facts = await _answered(http, session, await _post_input(http, session, "/long 300"))
+            if any(f["kind"] == "compaction" for f in facts):
+                break
+        else:
+            raise AssertionError("the history never made a compaction due")
+
+    def compact_span(trace: list[ReceivedSpan], parent: ReceivedSpan) -> ReceivedSpan | None:
+        calls = [s for s in trace if s.name.endswith("/Compact")]
+        return next((s for s in calls if s.parent_span_id == parent.span_id), None)
+
+    async def compaction_trace() -> list[ReceivedSpan] | None:
+        found = [
+            s
+            for s in traced.collector.spans()
+            if s.name == "keel.compaction" and s.attributes["keel.session_id"].endswith(session)
+        ]
+        if not found:
+            return None
+        trace = traced.collector.trace(found[0].trace_id)
+        # The runner's call, the service's server span under it, and the
+        # ledger's append of the compaction fact under that.
+        call = compact_span(trace, found[0])
+        served = None if call is None else compact_span(trace, call)
+        if served is None:
+            return None
+        appended = [s for s in trace if s.service == "keel-ledger" and _under(trace, s, served)]
+        return trace if appended else None
+
+    trace = await eventually(compaction_trace, "the compaction's spans at the collector", 30)
+    (root,) = [s for s in trace if not s.parent_span_id]
+    assert root.service == "keel-edge"
+    (compaction,) = [s for s in trace if s.name == "keel.compaction"]
+    assert _under(trace, compaction, root)
+
+
+def _under(trace: list[ReceivedSpan], span: ReceivedSpan, ancestor: ReceivedSpan) -> bool:
+    by_id = {s.span_id: s for s in trace}
+    while span.parent_span_id in by_id:
+        span = by_id[span.parent_span_id]
+        if span is ancestor:
+            return True
+    return False

@@ -47,10 +47,13 @@ from compaction.policy import ContextEntry, MessageEntry
 from kernel import KernelClient, Lease, LeaseLost
 from kernel import StaleEpoch as KernelStaleEpoch
 from services.blob_parts import BlobContent
-from services.common import faults
+from services.common import faults, tracing
+from services.common.config import DEFAULT_MAX_FACT_BYTES
 from services.ledger import LedgerClient, StaleEpoch
 from services.ledger.facts import INPUT, CommittedFact
+from services.runner import metrics as runner_metrics
 from services.runner import transcript as T
+from services.runner.fact_fit import fit_fact
 from services.runner.hub import Partial, PartialHub, StatusChange
 
 log = logging.getLogger("keel.runner.attempt")
@@ -94,6 +97,8 @@ class AttemptServices:
     # What the model is shown of the blobs inputs reference (None: only the
     # inputs' text).
     blobs: BlobContent | None = None
+    # The ledger's fact limit: what the runner writes is cut to it first.
+    max_fact_bytes: int = DEFAULT_MAX_FACT_BYTES
 
 
 class Attempt:
@@ -113,12 +118,35 @@ class Attempt:
         self.session_id = lease.session_id
         self.epoch = lease.epoch
         self.attempt_id = lease.attempt_id or uuid.uuid4().hex
+        # The lease is in hand: a takeover's first commit is timed from here.
+        self.began = time.perf_counter()
+        self.provider_call = runner_metrics.ProviderCall()
         self.watermark = 0
         self.facts: list[CommittedFact] = []
         # seq -> parsed context message, kept across turns (and attempts).
         self.parsed: dict[int, MessageEntry] = {}
         self._context: tuple[int, int, tuple[ContextEntry, ...]] | None = None
         self.overflows_in_a_row = 0
+        # What every span of this attempt carries.
+        self.trace_attributes = {
+            tracing.SESSION_ID: self.session_id,
+            tracing.TENANT_ID: lease.tenant_id,
+            tracing.EPOCH: self.epoch,
+            tracing.ATTEMPT_ID: self.attempt_id,
+        }
+
+    def turn_traceparents(self) -> list[Any]:
+        """The trace contexts of the inputs this attempt will answer, oldest
+        first (cancelled ones when only a cancel is owed)."""
+        owed = T.owed(self.facts, T.read_through(self.facts))
+        seqs = set(owed.input_seqs or owed.cancelled_input_seqs)
+        return [
+            f.data.get(tracing.TRACEPARENT) for f in self.facts if f.kind == INPUT and f.seq in seqs
+        ]
+
+    @property
+    def model_name(self) -> str:
+        return str(self.loadout.model.get("name") or self.loadout.model.get("model") or "")
 
     # -- ledger access --
 
@@ -161,10 +189,13 @@ class Attempt:
             await blobs.prefetch(self.lease.tenant_id, wanted)
 
     async def commit(self, kind: str, data: Mapping[str, Any]) -> int:
+        # An answer or result the ledger would refuse would fail every retry.
+        data = fit_fact(data, self.services.max_fact_bytes)
         try:
-            appended = await self.services.ledger.append_one(
-                self.session_id, kind, data, epoch=self.epoch
-            )
+            with tracing.span("keel.commit", self.trace_attributes, {"keel.fact.kind": kind}):
+                appended = await self.services.ledger.append_one(
+                    self.session_id, kind, data, epoch=self.epoch
+                )
         except StaleEpoch as error:
             raise Fenced(str(error)) from None
         known = self.facts[-1].seq if self.facts else 0
@@ -211,18 +242,21 @@ class Attempt:
             # running, a duplicate input): nothing to write, so no fence to
             # raise and no epoch fact to add to the session.
             return False
-        await self.commit(
-            "epoch_started",
-            {
-                "epoch": self.epoch,
-                "runtimeId": self.services.runtime_id,
-                "attemptId": self.attempt_id,
-                "watermark": self.watermark,
-                # What GetContext needs to show this epoch's system prompt
-                # after the tenant has changed the loadout.
-                "loadoutRevision": self.loadout.revision,
-            },
-        )
+        with tracing.span("keel.epoch_started", self.trace_attributes):
+            await self.commit(
+                "epoch_started",
+                {
+                    "epoch": self.epoch,
+                    "runtimeId": self.services.runtime_id,
+                    "attemptId": self.attempt_id,
+                    "watermark": self.watermark,
+                    # What GetContext needs to show this epoch's system prompt
+                    # after the tenant has changed the loadout.
+                    "loadoutRevision": self.loadout.revision,
+                },
+            )
+        if self.lease.reclaimed:
+            runner_metrics.takeover_first_commit((time.perf_counter() - self.began) * 1000)
         faults.hit("after_watermark")
         return True
 
@@ -243,7 +277,10 @@ class Attempt:
             await self.answer(owed)
 
     async def answer(self, owed: T.Owed) -> None:
-        await self.fetch_blobs()
+        with tracing.span("keel.context_build", self.trace_attributes):
+            await self.fetch_blobs()
+            # Built once here; the compaction check and the request reuse it.
+            self.context()
         compacted = await self.services.compaction.before_request(
             self, self.facts, overflowed=False
         )
@@ -262,7 +299,20 @@ class Attempt:
             generation_id=generation,
         )
         try:
-            completed = await self.stream(request, generation)
+            with tracing.span(
+                "keel.provider", self.trace_attributes, {"gen_ai.request.model": self.model_name}
+            ) as provider_span:
+                with self.provider_call.timing(self.provider.name) as call:
+                    completed = await self.stream(request, generation)
+                    call.completed(completed.usage)
+                tracing.set_attributes(
+                    provider_span,
+                    {
+                        "gen_ai.response.model": completed.model,
+                        "gen_ai.usage.input_tokens": completed.usage.input,
+                        "gen_ai.usage.output_tokens": completed.usage.output,
+                    },
+                )
         except ContextOverflow:
             self.overflows_in_a_row += 1
             if self.overflows_in_a_row > 1:
@@ -284,7 +334,12 @@ class Attempt:
         }
         if final:
             data["inputSeqs"] = list(owed.input_seqs)
+        # Right before the write, with no await in between: a runner stopped
+        # here sends this append first when it is resumed.
+        faults.hit("before_final_answer" if final else "before_assistant_commit")
         await self.commit("assistant", data)
+        if final:
+            runner_metrics.turn_answered()
         if final and faults.injected("duplicate_reply"):
             await self.commit("assistant", {**data, "generationId": f"{generation}-again"})
         # The final answer's boundary is in the runtime, between it and Finish.
@@ -330,6 +385,7 @@ class Attempt:
                     completed = event
                 if first:
                     first = False
+                    self.provider_call.first_event()
                     faults.hit("mid_stream")
         if completed is None:
             raise ProviderError("the model stream ended without an answer", retryable=True)
@@ -364,7 +420,16 @@ class Attempt:
             if refusal is not None:
                 outcome = ToolOutcome(refusal, is_error=True)
             else:
-                outcome = await self.tools.run(tool_call)
+                with tracing.span(
+                    "keel.tool",
+                    self.trace_attributes,
+                    {"keel.tool.name": call.name, "keel.tool.call_id": call.tool_call_id},
+                ):
+                    called = time.perf_counter()
+                    outcome = await self.tools.run(tool_call)
+                runner_metrics.tool_called(
+                    call.name, (time.perf_counter() - called) * 1000, outcome.is_error
+                )
                 # Executed, result not yet committed: a crash here is the
                 # at-least-once case (the successor runs the tool again).
                 faults.hit("mid_tool")

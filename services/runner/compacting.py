@@ -41,6 +41,7 @@ from compaction.policy import (
     resolve_context_window,
     settings_from_dict,
 )
+from services.common import tracing
 from services.common.config import Settings
 from services.common.errors import KeelError, ServiceUnavailable
 from services.ledger.facts import COMPACTION, COMPACTION_FAILED, CommittedFact
@@ -120,7 +121,10 @@ class ServiceCompaction:
         )
         attempt.status("compacting")
         try:
-            result, failure = await self._compact(attempt, reason)
+            with tracing.span(
+                "keel.compaction", attempt.trace_attributes, {"keel.compaction.reason": reason}
+            ):
+                result, failure = await self._compact(attempt, reason)
         finally:
             attempt.status("running")
 

@@ -23,7 +23,8 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,11 @@ from kernel import KernelClient, Lease
 from kernel.domain import FailureKind
 from services.blob_parts import BlobContent
 from services.blobs import BlobStore, blob_store
-from services.common import faults
+from services.common import faults, tracing
 from services.common.config import Settings
 from services.common.errors import KeelError
 from services.ledger import LedgerClient
+from services.runner import metrics as runner_metrics
 from services.runner.attempt import (
     Attempt,
     AttemptServices,
@@ -260,8 +262,9 @@ class Runtime:
             log.warning("could not hand back %s: %s", lease.session_id, error)
 
     async def _run(self, lease: Lease) -> None:
+        granted_ns = time.time_ns()
         try:
-            await self._attempt(lease)
+            await self._attempt(lease, granted_ns)
         except asyncio.CancelledError:
             raise
         except Exception as error:
@@ -269,6 +272,7 @@ class Runtime:
             # misconfigured or refused by the operator's policy): settle as a
             # failed attempt so the kernel backs off, then parks the session,
             # instead of the session waiting for the lease to expire.
+            runner_metrics.attempt_ended("not_started")
             if isinstance(error, ModelConfigError):
                 log.warning("attempt on %s could not start: %s", lease.session_id, error)
             else:
@@ -301,7 +305,7 @@ class Runtime:
             self._providers[key] = provider
         return provider
 
-    async def _attempt(self, lease: Lease) -> None:
+    async def _attempt(self, lease: Lease, granted_ns: int) -> None:
         services = AttemptServices(
             runtime_id=self.runtime_id,
             ledger=self.ledger,
@@ -312,6 +316,7 @@ class Runtime:
             handoff_requested=lambda: self.drain_mode != DRAIN_NONE,
             lease_ms=self.settings.lease_ms,
             blobs=self.blobs,
+            max_fact_bytes=self.settings.max_fact_bytes,
         )
         # The transcript and the loadout are independent: fetch both at once.
         document, history = await asyncio.gather(
@@ -328,7 +333,8 @@ class Runtime:
             if running is not None:
                 running.attempt = attempt
             try:
-                await self._work(attempt)
+                with _attempt_span(attempt, granted_ns):
+                    await self._work(attempt)
             finally:
                 # Whatever the outcome, every fact it holds was committed.
                 self.fact_cache.keep(
@@ -346,27 +352,36 @@ class Runtime:
             lost = True
             work.cancel()
 
-        renewal = asyncio.create_task(
-            renew_until_lost(self.kernel, lease, self.runtime_id, self.settings.lease_ms, on_lost)
-        )
+        # Renewals are the lease's business, not the turn's: outside its trace.
+        with tracing.detached():
+            renewal = asyncio.create_task(
+                renew_until_lost(
+                    self.kernel, lease, self.runtime_id, self.settings.lease_ms, on_lost
+                )
+            )
         attempt.status("running")
         try:
             await drive(attempt)
         except asyncio.CancelledError:
+            runner_metrics.attempt_ended("lost" if lost else "stopped")
             if lost:
                 return  # a successor owns it; our partials die with us
             raise  # stopped by a drain (which gives the lease back) or by stop()
         except Fenced:
+            runner_metrics.attempt_ended("fenced")
             log.info("attempt on %s fenced off by a newer epoch", lease.session_id)
             return
         except HandoffStop as stop:
+            runner_metrics.attempt_ended("handoff")
             log.info("handoff: %s stops at %s", lease.session_id, stop)
             await self._drainer.settle_at_boundary(attempt)
             return
         except ProviderError as error:
+            runner_metrics.attempt_ended("failed")
             await self._failed(attempt, str(error), failure_kind(error), error.retry_after_ms)
             return
         except Exception as error:  # a bug must not strand the session
+            runner_metrics.attempt_ended("failed")
             log.exception("attempt on %s failed", lease.session_id)
             await self._failed(attempt, f"internal error: {error}", FailureKind.RETRYABLE)
             return
@@ -375,9 +390,11 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError):
                 await renewal
         faults.hit("after_final_before_finish")
-        await self.kernel.finish(
-            lease.session_id, lease.epoch, self.runtime_id, read_through=attempt.watermark
-        )
+        with tracing.span("keel.finish", attempt.trace_attributes):
+            await self.kernel.finish(
+                lease.session_id, lease.epoch, self.runtime_id, read_through=attempt.watermark
+            )
+        runner_metrics.attempt_ended("done")
 
     async def _failed(
         self,
@@ -403,16 +420,17 @@ class Runtime:
             data["retryAfterMs"] = retry_after_ms
         with contextlib.suppress(Fenced):
             await attempt.commit("attempt_failed", data)
-        result = await self.kernel.finish(
-            lease.session_id,
-            lease.epoch,
-            self.runtime_id,
-            read_through=attempt.watermark,
-            failed=True,
-            error=error,
-            kind=kind,
-            retry_after_ms=retry_after_ms or 0,
-        )
+        with tracing.span("keel.finish", attempt.trace_attributes, {"keel.failed": True}):
+            result = await self.kernel.finish(
+                lease.session_id,
+                lease.epoch,
+                self.runtime_id,
+                read_through=attempt.watermark,
+                failed=True,
+                error=error,
+                kind=kind,
+                retry_after_ms=retry_after_ms or 0,
+            )
         if result.parked:
             # The kernel says why (an older kernel does not: the count).
             reason = result.parked_reason or (
@@ -420,6 +438,29 @@ class Runtime:
             )
             with contextlib.suppress(Fenced):
                 await attempt.commit("session_parked", {"reason": reason})
+
+
+@contextlib.contextmanager
+def _attempt_span(attempt: Attempt, granted_ns: int) -> Iterator[None]:
+    """The attempt's span, in the trace of the first input it answers (links
+    to the others'), from the moment its lease was granted; its first child
+    is the claim: lease granted to transcript and loadout in hand."""
+    if not tracing.enabled():
+        yield
+        return
+    parent, links = tracing.turn_parent(attempt.turn_traceparents())
+    lease = attempt.lease
+    attributes = attempt.trace_attributes
+    with tracing.span(
+        "keel.attempt", attributes, context=parent, links=links, start_time=granted_ns
+    ):
+        claim = {
+            "keel.lease.failures": lease.failures,
+            "keel.runtime_id": attempt.services.runtime_id,
+        }
+        with tracing.span("keel.claim", attributes, claim, start_time=granted_ns):
+            pass
+        yield
 
 
 def failure_kind(error: ProviderError) -> FailureKind:
