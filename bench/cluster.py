@@ -15,6 +15,7 @@ from edge.gateway import EdgeConfig
 from edge.server import EdgeServer
 from kernel import KernelServer
 from services.cli.up import bootstrap_tenant
+from services.common import telemetry
 from services.common.config import Settings
 from services.ledger import LedgerServer
 from services.runner.config import RunnerConfig
@@ -50,11 +51,21 @@ async def start(
     database_url: str | None, *, with_edge: bool, concurrency: int = 64
 ) -> BenchCluster:
     url = database_url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL
+    # KEEL_OTEL_EXPORTER (and the OTLP endpoints) as a service would read
+    # them, so a benchmark measures the exporter on as well as off. Off, the
+    # process is left as it is (a test calling a benchmark keeps its logging).
+    from_env = Settings.from_env()
     settings = Settings(
         database_url=url,
         pg_schema=f"keel_bench_{uuid.uuid4().hex[:8]}",
         data_dir=Path(tempfile.mkdtemp(prefix="keel-bench-")),
+        otel_exporter=from_env.otel_exporter,
+        otlp_traces_endpoint=from_env.otlp_traces_endpoint,
+        otlp_metrics_endpoint=from_env.otlp_metrics_endpoint,
+        log_level="WARNING",
     )
+    if from_env.otel_exporter.lower() != "none":
+        telemetry.configure("bench", settings)
     ledger = await LedgerServer(settings).start()
     kernel = await KernelServer(settings, ledger_target=ledger.target).start()
     key = await bootstrap_tenant(kernel.target, settings, "bench-key-0123456789abcdef")

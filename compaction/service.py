@@ -31,6 +31,7 @@ import grpc
 
 from agent_io.loadout import Loadout
 from agent_io.providers import Provider, provider_from_loadout
+from compaction import metrics as compaction_metrics
 from compaction.errors import (
     BadLoadout,
     InvalidArgument,
@@ -286,6 +287,7 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
 
     @unary_errors
     async def Compact(self, request: pb.CompactRequest, context: Context) -> pb.CompactResponse:
+        started = time.perf_counter()
         session_id = self._session_id(request.session_id)
         if request.epoch <= 0:
             raise InvalidArgument(
@@ -365,6 +367,7 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
             after,
             first_kept,
         )
+        compaction_metrics.compacted(reason, started, preparation.tokens_before, after)
         return pb.CompactResponse(
             compacted=True,
             seq=appended.seq,
@@ -377,6 +380,7 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
     async def GetContext(
         self, request: pb.GetContextRequest, context: Context
     ) -> pb.GetContextResponse:
+        started = time.perf_counter()
         session_id = self._session_id(request.session_id)
         if request.at_seq < 0:
             raise InvalidArgument(
@@ -402,6 +406,7 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
         estimate = estimate_text_tokens(loadout.system_prompt) + sum(
             message_from_dict(message).tokens for message in messages
         )
+        compaction_metrics.context_built(started)
         return pb.GetContextResponse(
             messages_json=json.dumps(list(messages), ensure_ascii=False),
             system_prompt=loadout.system_prompt,

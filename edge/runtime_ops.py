@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from typing import Any
 
+from edge import metrics as edge_metrics
 from edge.auth import Caller
 from edge.errors import Conflict, NotFound, Unavailable, from_service_error
 from edge.gateway import Gateway
@@ -90,13 +92,16 @@ async def drain_runtimes(
         targets = await _attached_runners(gateway)
 
     async def one(runtime: RuntimeInfo) -> None:
+        started = time.perf_counter()
         try:
             outcome = await _call_drain(gateway, runtime, mode, deadline_ms)
         except Unavailable as error:
+            edge_metrics.drain_answered(mode, started, "failed")
             if runtime_id is not None:
                 raise
             result["failed"][runtime.runtime_id] = error.message
             return
+        edge_metrics.drain_answered(mode, started, "undone" if outcome.undone else "drained")
         result["runtimes"][runtime.runtime_id] = outcome.in_flight_runs
         result["stopped"][runtime.runtime_id] = outcome.stopped_runs
         if outcome.undone:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ from services.cli.discovery import USAGE_EXIT, fail, require_key, resolve_url
 from services.common import telemetry
 from services.common.config import Settings
 from services.common.heap import settle_heap
+from services.common.metrics_endpoint import METRICS_HOST_ENV, MetricsEndpoint
 
 app = typer.Typer(
     name="keel",
@@ -48,6 +50,17 @@ Address = Annotated[str, typer.Option("--address", help="host:port to listen on"
 GrpcPort = Annotated[
     int,
     typer.Option("--grpc-port", min=0, help="port of the public gRPC API (0: any free port)"),
+]
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        min=1,
+        max=65535,
+        envvar="KEEL_METRICS_PORT",
+        help="serve this process's Prometheus metrics on this port (off unless set; "
+        "host: KEEL_METRICS_HOST, default 127.0.0.1)",
+    ),
 ]
 
 
@@ -88,20 +101,65 @@ async def _until_signalled(main: Coroutine[Any, Any, None]) -> None:
         await task
 
 
-def _serve(service: str, settings: Settings, main: Coroutine[Any, Any, None]) -> None:
-    telemetry.configure(service, settings)
+# Each service's instruments, primed (counters at 0) once the meter provider
+# is set; a runner embeds a compaction service, `keel up` runs them all.
+_METRICS_MODULES = {
+    "ledger": ("services.ledger.metrics",),
+    "kernel": ("kernel.metrics",),
+    "runner": ("services.runner.metrics", "compaction.metrics"),
+    "compaction": ("compaction.metrics",),
+    "edge": ("edge.metrics",),
+}
+_METRICS_MODULES["up"] = tuple(m for ms in _METRICS_MODULES.values() for m in ms)
+
+
+def _metrics_endpoint(port: int | None) -> MetricsEndpoint | None:
+    if port is None:
+        return None
+    host = os.environ.get(METRICS_HOST_ENV, "") or "127.0.0.1"
+    return MetricsEndpoint(host, port)
+
+
+def _configure_telemetry(
+    command: str, service: str, settings: Settings, metrics_port: int | None
+) -> None:
+    """Telemetry of this process; a metrics port that cannot be bound ends it
+    with one line, before the service starts."""
+    try:
+        telemetry.configure(service, settings, _metrics_endpoint(metrics_port))
+    except OSError as error:
+        fail(f"keel {command}: cannot serve metrics on port {metrics_port}: {error}", USAGE_EXIT)
+    for module in _METRICS_MODULES.get(service, ()):
+        importlib.import_module(module).prime()
+
+
+def _serve(
+    service: str,
+    settings: Settings,
+    main: Coroutine[Any, Any, None],
+    metrics_port: int | None = None,
+) -> None:
+    try:
+        _configure_telemetry(service, service, settings, metrics_port)
+    except BaseException:
+        main.close()  # never started: no "never awaited" warning on the way out
+        raise
     settle_heap()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_until_signalled(main))
 
 
 @app.command()
-def ledger(address: Address = "127.0.0.1:7101", database_url: DatabaseUrl = None) -> None:
+def ledger(
+    address: Address = "127.0.0.1:7101",
+    database_url: DatabaseUrl = None,
+    metrics_port: MetricsPort = None,
+) -> None:
     """Run the ledger service (session streams, the writer fence)."""
     from services.ledger.server import run_ledger
 
     settings = _service_settings("ledger", database_url)
-    _serve("ledger", settings, run_ledger(settings, address))
+    _serve("ledger", settings, run_ledger(settings, address), metrics_port)
 
 
 @app.command()
@@ -109,12 +167,13 @@ def kernel(
     address: Address = "127.0.0.1:7102",
     ledger: Annotated[str, typer.Option("--ledger", help="ledger address")] = "127.0.0.1:7101",
     database_url: DatabaseUrl = None,
+    metrics_port: MetricsPort = None,
 ) -> None:
     """Run the kernel service (leases, epochs, queue, admission, tenants)."""
     from kernel import run_kernel
 
     settings = _service_settings("kernel", database_url)
-    _serve("kernel", settings, run_kernel(settings, address, ledger))
+    _serve("kernel", settings, run_kernel(settings, address, ledger), metrics_port)
 
 
 @app.command()
@@ -132,6 +191,7 @@ def runner(
         ),
     ] = "",
     database_url: DatabaseUrl = None,
+    metrics_port: MetricsPort = None,
 ) -> None:
     """Run a runner (claim loop, model providers, tools) with its compaction service.
 
@@ -148,7 +208,7 @@ def runner(
         check_addresses(address, advertise_address)
     except ValueError as error:
         fail(f"keel runner: {error}", USAGE_EXIT)
-    _serve("runner", settings, run_runner(settings, config, address))
+    _serve("runner", settings, run_runner(settings, config, address), metrics_port)
 
 
 @app.command()
@@ -157,6 +217,7 @@ def compaction(
     kernel: Annotated[str, typer.Option("--kernel")] = "127.0.0.1:7102",
     address: Address = "127.0.0.1:7103",
     database_url: DatabaseUrl = None,
+    metrics_port: MetricsPort = None,
 ) -> None:
     """Run the compaction service alone (runners embed one unless told otherwise)."""
     from compaction.server import run_compaction
@@ -168,6 +229,7 @@ def compaction(
         "compaction",
         settings,
         run_compaction(settings, address, ledger, kernel, default_context_window=window),
+        metrics_port,
     )
 
 
@@ -182,6 +244,7 @@ def edge(
     http_port: Annotated[int, typer.Option("--http-port")] = 8080,
     grpc_port: GrpcPort = 8081,
     database_url: DatabaseUrl = None,
+    metrics_port: MetricsPort = None,
 ) -> None:
     """Run the edge gateway (HTTP API, SSE, blobs, the web page, the gRPC API)."""
     from edge.gateway import EdgeConfig
@@ -194,7 +257,7 @@ def edge(
     except ValueError as error:
         fail(f"keel edge: {error}", USAGE_EXIT)
     config = EdgeConfig(ledger, kernel, compaction, grpc_port=grpc_port, drain_deadline_ms=deadline)
-    _serve("edge", settings, run_edge(settings, config, host, http_port))
+    _serve("edge", settings, run_edge(settings, config, host, http_port), metrics_port)
 
 
 @app.command()
@@ -209,6 +272,18 @@ def up(
         bool, typer.Option("--processes", help="each service as its own OS process")
     ] = False,
     runners: Annotated[int, typer.Option("--runners", help="runner processes")] = 1,
+    ledgers: Annotated[
+        int,
+        typer.Option(
+            "--ledgers", min=1, help="ledger replicas (--processes, PostgreSQL only above 1)"
+        ),
+    ] = 1,
+    kernels: Annotated[
+        int,
+        typer.Option(
+            "--kernels", min=1, help="kernel replicas (--processes, PostgreSQL only above 1)"
+        ),
+    ] = 1,
     model: Annotated[
         str | None,
         typer.Option(
@@ -217,13 +292,24 @@ def up(
             "(key from OPENAI_API_KEY / ANTHROPIC_API_KEY)",
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=1,
+            max=65535,
+            envvar="KEEL_METRICS_PORT",
+            help="Prometheus metrics on this port; with --processes every child has its "
+            "own port (this one and the next ones; without it, free ports)",
+        ),
+    ] = None,
 ) -> None:
     """Start everything: ledger, kernel, runner, compaction, edge and the web page."""
     from kernel.tenancy import key_weakness
     from services.cli.data_dir import with_internal_token
+    from services.cli.supervisor import Supervisor, replica_refusal
     from services.cli.up import (
         ModelChoiceError,
-        Supervisor,
         UpOptions,
         data_dir_settings,
         model_from_flag,
@@ -255,11 +341,22 @@ def up(
         grpc_port=grpc_port,
         processes=processes,
         runners=runners,
+        ledgers=ledgers,
+        kernels=kernels,
         dev_key=dev_key,
         model=chosen_model,
     )
-    telemetry.configure("up", settings)
-    main_coro = Supervisor(settings, options).run() if processes else up_embedded(settings, options)
+    refusal = replica_refusal(options, settings)
+    if refusal is not None:
+        fail(f"keel up: {refusal}", USAGE_EXIT)
+    # With --processes each child serves its own metrics (the supervisor
+    # chooses the ports); the supervisor itself records none.
+    _configure_telemetry("up", "up", settings, None if processes else metrics_port)
+    main_coro = (
+        Supervisor(settings, options, metrics_port).run()
+        if processes
+        else up_embedded(settings, options)
+    )
     settle_heap()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main_coro)
@@ -434,14 +531,14 @@ def chaos(
     url: BaseUrl = None,
     data_dir: ClientDataDir = None,
     key: Key = None,
-    scenarios: Annotated[str, typer.Option(help="crash, handoff, or both")] = "crash,handoff",
+    scenarios: Annotated[str, typer.Option(help="crash, handoff, stale")] = "crash,handoff",
     rounds: Annotated[int, typer.Option(min=1, help="rounds of each scenario")] = 2,
     sessions: Annotated[int, typer.Option(min=1, help="sessions driven at once")] = 6,
     seed: Annotated[int | None, typer.Option(help="fixes chaos's own choices")] = None,
     timeout_s: Annotated[float, typer.Option(min=1, help="wait for answers, per round")] = 120,
     as_json: JsonFlag = False,
 ) -> None:
-    """Crash and hand off runners while sessions run; exit 1 on any violation (operator key)."""
+    """Crash, hand off or stop runners as sessions run; exit 1 on any violation (operator key)."""
     import random
 
     from services.cli.chaos import ChaosOptions, parse_scenarios, run_command
@@ -477,6 +574,19 @@ def bench_kernel(database_url: DatabaseUrl = None, as_json: JsonFlag = False) ->
     from bench.kernel import measure
 
     _print_json(measure(database_url or DEFAULT_URL), as_json)
+
+
+@bench_app.command("takeover")
+def bench_takeover(
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+    runner_kills: Annotated[int, typer.Option(min=1, help="runner SIGKILL trials")] = 50,
+    node_losses: Annotated[int, typer.Option(min=1, help="whole-node loss trials")] = 5,
+) -> None:
+    """SIGKILL -> successor's first commit: a runner alone, and a whole node."""
+    from bench.takeover import measure
+
+    _print_json(measure(database_url, runner_kills, node_losses), as_json)
 
 
 @bench_app.command("turns")
@@ -518,6 +628,19 @@ def bench_drain(
     from bench.drain import measure
 
     _print_json(measure(database_url, sessions), as_json)
+
+
+@bench_app.command("replicas")
+def bench_replicas(
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+    runs: Annotated[int, typer.Option(min=1, help="runs, each on a fresh `keel up`")] = 3,
+    sessions: Annotated[int, typer.Option(min=1, help="sessions posting inputs")] = 8,
+) -> None:
+    """Inputs/s accepted while one of two ledger replicas is SIGKILLed (PostgreSQL)."""
+    from bench.replicas import measure
+
+    _print_json(measure(database_url, runs, sessions), as_json)
 
 
 @bench_app.command("tools")

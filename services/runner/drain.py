@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from kernel import KernelClient, Lease
 from kernel.handoffs import HandoffNote
 from services.common.errors import KeelError
 from services.ledger import LedgerClient
+from services.runner import metrics as runner_metrics
 from services.runner import transcript as T
 from services.runner.attempt import Attempt
 
@@ -168,6 +170,7 @@ class Drainer:
             log.warning("could not record drain %s of %s: %s", mode, self._runtime_id, error)
 
     async def _drain(self, deadline_ms: int) -> DrainResult:
+        began = time.perf_counter()
         async with self._lock:
             if self.mode == DRAIN_NONE:
                 return DrainResult(self.in_flight, undone=True)
@@ -189,6 +192,7 @@ class Drainer:
             self.in_flight,
             stopped,
         )
+        runner_metrics.drain_finished(self.mode, (time.perf_counter() - began) * 1000)
         self.finished.set()
         return self._result
 

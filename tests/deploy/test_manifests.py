@@ -14,6 +14,7 @@ import copy
 import os
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -299,3 +300,65 @@ def test_strict_validation_rejects_unknown_fields_and_kinds(
 )
 def test_image_pinning(image: str, pinned: bool) -> None:
     assert image_pinned(image) is pinned
+
+
+# ------------------------------------------------------------ metrics
+
+
+def test_every_pod_serves_metrics_and_is_annotated_for_scraping(
+    rendered: dict[str, list[Doc]],
+) -> None:
+    for docs in rendered.values():
+        config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+        port = int(config["KEEL_METRICS_PORT"])
+        assert config["KEEL_METRICS_HOST"] == "0.0.0.0"  # reachable from Prometheus
+        for service in SERVICES:
+            pod = deployment(docs, service)["spec"]["template"]
+            annotations = pod["metadata"]["annotations"]
+            assert annotations["prometheus.io/scrape"] == "true", service
+            assert int(annotations["prometheus.io/port"]) == port, service
+            ports = {p["name"]: p["containerPort"] for p in container(docs, service)["ports"]}
+            assert ports["metrics"] == port, service
+        services = [d for d in docs if d["kind"] == "Service"]
+        assert all(any(p["name"] == "metrics" for p in s["spec"]["ports"]) for s in services)
+        allowed = {
+            rule["port"]
+            for policy in docs
+            if policy["kind"] == "NetworkPolicy"
+            for ingress in policy["spec"]["ingress"]
+            for rule in ingress["ports"]
+        }
+        assert port in allowed
+
+
+def test_the_servicemonitor_component_selects_every_metrics_port(
+    rendered: dict[str, list[Doc]], tmp_path: Path
+) -> None:
+    # An overlay of the operator's, as the component's comment shows it.
+    overlay = tmp_path / "monitored"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: keel\n"
+        # kustomize takes only relative paths.
+        f"resources: [{os.path.relpath(OVERLAYS / 'prod', overlay)}]\n"
+        f"components: [{os.path.relpath(K8S / 'components' / 'servicemonitor', overlay)}]\n"
+    )
+    docs = render(overlay)
+    (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    # A CRD's kind: no schema offline; everything else still validates.
+    assert schema_errors([d for d in docs if d is not monitor]) == []
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == "keel"
+    wanted = monitor["spec"]["selector"]["matchLabels"]
+    selected = [
+        d
+        for d in docs
+        if d["kind"] == "Service" and wanted.items() <= d["metadata"].get("labels", {}).items()
+    ]
+    assert {s["metadata"]["name"] for s in selected} == {
+        deployment(docs, service)["metadata"]["name"] for service in SERVICES
+    }
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert all(endpoint["port"] in {p["name"] for p in s["spec"]["ports"]} for s in selected)
+    # Without the component no overlay needs the CRD.
+    assert not any(d["kind"] == "ServiceMonitor" for docs in rendered.values() for d in docs)

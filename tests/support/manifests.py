@@ -41,6 +41,8 @@ DRAIN_COMMAND = ("keel", "drain", "--local", "--mode", "handoff", "--deadline-ms
 # Environment variables whose value is a secret: they must come from a Secret.
 SECRET_NAME = re.compile(r"(TOKEN|PASSWORD|SECRET|API_KEY|_KEY|DATABASE_URL)$")
 Doc = dict[str, Any]
+# The container port every pod serves its Prometheus metrics on.
+METRICS_PORT_NAME = "metrics"
 
 
 class KubectlMissing(RuntimeError):
@@ -281,6 +283,11 @@ def _check_network(docs: list[Doc]) -> Iterator[Violation]:
             for container in containers:
                 for port in container.get("ports") or []:
                     public.update({port["containerPort"], port.get("name")})
+        # The metrics port answers Prometheus, which runs in a namespace of its own.
+        for container in containers:
+            for port in container.get("ports") or []:
+                if port.get("name") == METRICS_PORT_NAME:
+                    public.update({port["containerPort"], port["name"]})
         for port in sorted(outside - public, key=str):
             yield Violation(
                 "network-policy",
