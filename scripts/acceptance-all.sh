@@ -5,12 +5,17 @@
 #      takeover, drain and handoff at every safe point (ledger, kernel,
 #      runner, the handoff matrix); the cutover fence; compaction
 #      conformance; the deploy manifests, the image and the rolling-update
-#      simulator; `keel chaos`'s checks.
-#   2. `keel chaos`, many rounds of crash and handoff, against a
-#      `keel up --processes` this script starts (and stops).
+#      simulator; every service SIGKILLed under load, with replicas; request
+#      and fact limits; `keel chaos`'s checks; PostgreSQL stopped for 5 s
+#      and for 45 s under load.
+#   2. `keel chaos`, many rounds of crash, handoff and stale (a runner
+#      SIGSTOPped until its sessions are taken over, then resumed: its
+#      writes must be refused), against a `keel up --processes` this script
+#      starts (and stops) with a short lease, so a stale round takes seconds.
 # Same environment as `make test` (PostgreSQL at KEEL_TEST_DATABASE_URL).
 #
-#   CHAOS_ROUNDS (10), CHAOS_SESSIONS (8), CHAOS_SEED (random), CHAOS_RUNNERS (2)
+#   CHAOS_ROUNDS (10), CHAOS_SESSIONS (8), CHAOS_SEED (random), CHAOS_RUNNERS (2),
+#   CHAOS_SCENARIOS (crash,handoff,stale), CHAOS_LEASE_MS (2000)
 #   ACCEPTANCE_SKIP_SUITES=1 runs only the chaos part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +35,11 @@ if [[ "${ACCEPTANCE_SKIP_SUITES:-0}" != 1 ]]; then
     tests/client \
     tests/deploy \
     tests/deploy/test_rollout.py \
+    tests/test_service_kills.py \
+    tests/test_limits.py \
     tests/test_chaos.py
+  # PostgreSQL outages at production scale: 5 s and 45 s against a 30 s TTL.
+  KEEL_OUTAGE_LEASE_MS=30000 .venv/bin/pytest -q tests/test_pg_outage.py
 fi
 
 echo "== keel chaos against keel up --processes"
@@ -49,7 +58,7 @@ key="keel-acceptance-$(.venv/bin/python -c 'import secrets; print(secrets.token_
 # Its own SQLite data dir and internal token: nothing of the caller's
 # environment points it elsewhere.
 env -u KEEL_DATABASE_URL -u KEEL_INTERNAL_TOKEN -u KEEL_DATA_DIR -u KEEL_URL -u KEEL_API_KEY \
-  KEEL_DEV_KEY="$key" PYTHONUNBUFFERED=1 \
+  KEEL_DEV_KEY="$key" PYTHONUNBUFFERED=1 KEEL_LEASE_MS="${CHAOS_LEASE_MS:-2000}" \
   .venv/bin/keel up --processes --runners "${CHAOS_RUNNERS:-2}" \
   --data-dir "$work/data" --http-port 0 --grpc-port 0 >"$work/up.log" 2>&1 &
 up_pid=$!
@@ -70,6 +79,7 @@ url="$(.venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1]))
 seed="${CHAOS_SEED:-$RANDOM}"
 status=0
 .venv/bin/keel chaos --url "$url" --key "$key" \
+  --scenarios "${CHAOS_SCENARIOS:-crash,handoff,stale}" \
   --rounds "${CHAOS_ROUNDS:-10}" --sessions "${CHAOS_SESSIONS:-8}" --seed "$seed" || status=$?
 if [[ $status -ne 0 ]]; then
   echo "keel chaos failed (exit $status, seed $seed); keel up's output:" >&2
