@@ -9,9 +9,9 @@ rendered manifests on this host, as Kubernetes would run them:
   reference, `status.podIP`) — with `$(VAR)` references expanded.
 - Its network is a loopback address of its own, a new one per pod as a new
   pod gets a new IP, so it listens on the ports its manifest names;
-  `0.0.0.0` means that address. A Service name with its port
-  (`keel-ledger:7101`) in an argument or a variable resolves to the pod
-  published behind it.
+  `0.0.0.0` means that address, in an argument or a variable. A Service
+  name with its port (`keel-ledger:7101`) in an argument or a variable
+  resolves to the pod published behind it.
 - Its volumes are directories of its own (an emptyDir at each mount path);
   the image's virtualenv is this one. (The process itself runs from the
   repository root, as tests/processes.py starts every child; its hooks run
@@ -56,6 +56,17 @@ PROBE_PERIOD_S = 0.1
 PROBE_TIMEOUT_S = 2.0
 READY_DEADLINE_S = 90.0
 WILDCARD = "0.0.0.0"
+
+
+def _on_pod_ip(value: str, ip: str) -> str:
+    """`value` with the wildcard address (alone or with a port) as the pod's
+    own: in an argument (`--host 0.0.0.0`) or a variable
+    (`KEEL_METRICS_HOST=0.0.0.0`) alike."""
+    if value == WILDCARD or value.startswith(WILDCARD + ":"):
+        return ip + value[len(WILDCARD) :]
+    return value
+
+
 _REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 _SHELL_VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 
@@ -294,7 +305,7 @@ class Node:
             if value is not None:
                 from_secret = "secretKeyRef" in entry.get("valueFrom", {})
                 env[entry["name"]] = value if from_secret else self._localize(value, paths)
-        env = {k: self._resolve(v) for k, v in env.items()}
+        env = {k: self._resolve(_on_pod_ip(v, ip)) for k, v in env.items()}
         env.update(self.extra_env)
         return env
 
@@ -302,9 +313,7 @@ class Node:
         argv = []
         for word in words:
             word = _REFERENCE.sub(lambda m: env.get(m[1], m[0]), word)
-            if word == WILDCARD or word.startswith(WILDCARD + ":"):
-                word = ip + word[len(WILDCARD) :]
-            argv.append(self._resolve(word))
+            argv.append(self._resolve(_on_pod_ip(word, ip)))
         found = shutil.which(argv[0], path=env.get("PATH"))
         assert found is not None, f"{argv[0]} is not on the pod's PATH"
         return [found, *argv[1:]]
