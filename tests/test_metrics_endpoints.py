@@ -205,7 +205,7 @@ async def test_every_process_serves_its_metrics_and_a_takeover_moves_them(
     with keel_up(tmp_path / "keel", KEY, "--processes", env=env) as up:
         urls = metrics_urls(up)
         assert set(urls) == set(SERVICES), urls
-        # Distinct ports, one per process.
+        # Distinct ports, one per process, on loopback (as listed: _LISTED).
         assert len(set(urls.values())) == len(urls)
         before = await scrape(urls["kernel"])
         async with api(up) as http:
@@ -246,5 +246,15 @@ async def test_every_process_serves_its_metrics_and_a_takeover_moves_them(
         assert all(not names for names in missing.values()), missing
         # Every series the dashboard queries is one some process serves.
         served = {sample for samples in scraped.values() for sample in samples}
+        # Nothing served names a tenant, a session or a key: whoever reaches a
+        # metrics port learns load, not who the tenants are.
+        labels = {
+            name
+            for samples in scraped.values()
+            for series in samples.values()
+            for found, _ in series
+            for name in found
+        }
+        assert not {k for k in labels if "tenant" in k or "session" in k or "key" in k}, labels
         assert dashboard_metrics() - served == set()
         assert total(scraped["edge"], "keel_edge_drain_duration_milliseconds_count") == 1
