@@ -31,7 +31,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from services.common.config import Settings
 from services.common.errors import DatabaseUnavailable, ServiceUnavailable
-from services.common.pg_pool import heal_quickly
+from services.common.pg_pool import OutageGate, answers, heal_quickly
 
 log = logging.getLogger("keel.kernel.database")
 
@@ -202,6 +202,14 @@ class Database:
         self.dialect = "postgres" if settings.uses_postgres else "sqlite"
         self._translated: dict[str, str] = {}
         self._closed = False
+        # While PostgreSQL is away every call is refused at once but a probe:
+        # without it each call would hold one of the servicer's few threads
+        # for a pool timeout, and calls queue behind each other for as long
+        # as the outage lasts (an edge's wake-up of a committed input too).
+        self._gate = OutageGate(
+            "kernel store",
+            probe=answers(settings.database_url) if settings.uses_postgres else None,
+        )
         if self.dialect == "postgres":
             self._schema = settings.pg_schema
             self._create_pg_schema(settings.database_url)
@@ -313,8 +321,28 @@ class Database:
 
     def _run_pg(self, work: Callable[[Tx], T]) -> T:
         assert self._pool is not None
-        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cursor:
-            return work(Tx(cursor, self._translate))
+        self._gate.check()
+        try:
+            with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cursor:
+                result = work(Tx(cursor, self._translate))
+        except (
+            pg_errors.DeadlockDetected,
+            pg_errors.SerializationFailure,
+            pg_errors.TransactionRollback,
+        ):
+            # A lock race (deadlock, serialization): the database answered.
+            self._gate.succeeded()
+            raise
+        except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout):
+            self._gate.failed()
+            raise
+        except BaseException:
+            # The work's own error (a KernelError, a lock race): nothing
+            # learnt about whether the database is back.
+            self._gate.released()
+            raise
+        self._gate.succeeded()
+        return result
 
     def _run_sqlite(self, work: Callable[[Tx], T], write: bool) -> T:
         with self._sqlite_connection() as conn:

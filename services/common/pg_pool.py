@@ -21,7 +21,9 @@ be away, instead of making every caller wait out a pool timeout.
 from __future__ import annotations
 
 import select
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -34,6 +36,21 @@ RECONNECT_TIMEOUT_S = 2.0
 # How long an OutageGate refuses without asking after a failure: well under
 # the Retry-After clients are given.
 OUTAGE_PAUSE_S = 0.5
+# The longest one probe of a closed OutageGate is waited for.
+PROBE_S = 10.0
+# How long `answers` waits for the server to take a connection.
+PROBE_CONNECT_TIMEOUT_S = 1
+
+
+def answers(url: str) -> Callable[[], None]:
+    """An OutageGate probe: a new connection to `url` and `SELECT 1`, bounded
+    by PROBE_CONNECT_TIMEOUT_S (outside any pool, whose waits are longer)."""
+
+    def probe() -> None:
+        with psycopg.connect(url, connect_timeout=PROBE_CONNECT_TIMEOUT_S) as conn:
+            conn.execute("SELECT 1")
+
+    return probe
 
 
 def _is_dead(conn: psycopg.Connection[Any]) -> bool:
@@ -73,28 +90,85 @@ def heal_quickly(pool: ConnectionPool[Any], checkout_timeout_s: float = CHECKOUT
 
 
 class OutageGate:
-    """Refuses at once, for a moment, after the database failed to answer.
+    """A circuit breaker in front of the database: refuses at once while it
+    is known to be away, and lets one caller at a time find out if it is back.
 
     A service whose every call waits out a pool timeout during an outage
-    also holds its locks that long: one writer thread retrying batch after
-    batch keeps readers from ever getting their turn, and each caller waits
-    seconds for an answer known in advance. Once the database has failed,
-    calls for the next `pause_s` are refused without asking it; the first
-    call after that asks again, so recovery costs at most `pause_s`.
+    also holds its threads and locks that long: with twenty clients retrying,
+    reads and appends queue behind each other for tens of seconds, when each
+    answer (503, retry) is known in advance. So after a failure calls are
+    refused without asking for `pause_s`; then the next caller is let through
+    as the probe while every other call is still refused. The probe's success
+    (`succeeded`) opens the gate for all; its failure closes it for another
+    `pause_s`. Recovery costs at most `pause_s` plus one probe.
     """
 
-    def __init__(self, what: str, pause_s: float = OUTAGE_PAUSE_S) -> None:
+    def __init__(
+        self,
+        what: str,
+        pause_s: float = OUTAGE_PAUSE_S,
+        probe: Callable[[], None] | None = None,
+    ) -> None:
         self._what = what
         self._pause_s = pause_s
-        # A float read and written whole: no lock needed.
+        # A cheap, bounded question to the database (`answers`): the probe,
+        # instead of the caller's own work, which may retry for many
+        # seconds inside a library while everyone else queues behind it.
+        self._probe = probe
+        self._lock = threading.Lock()
+        # Read without the lock on the hot path (a bool read whole); set
+        # under it.
+        self._down = False
         self._closed_until = 0.0
+        # While a probe is out, others are refused; a probe that never
+        # reports back (a path that neither failed nor succeeded) stops
+        # counting after PROBE_S, so the gate cannot stay shut for good.
+        self._probe_until = 0.0
 
     def check(self) -> None:
-        """Raises DatabaseUnavailable while the gate is closed."""
-        if time.monotonic() < self._closed_until:
-            raise DatabaseUnavailable(
-                f"{self._what} unavailable: its database did not answer a moment ago"
-            )
+        """Raises DatabaseUnavailable while the gate is closed; lets one
+        caller through as the probe once the pause is over."""
+        if not self._down:
+            return
+        with self._lock:
+            if not self._down:
+                return
+            now = time.monotonic()
+            if now < self._closed_until or now < self._probe_until:
+                raise self._refusal()
+            self._probe_until = now + PROBE_S
+        if self._probe is None:
+            return  # the caller's own work is the probe
+        try:
+            self._probe()
+        except Exception:
+            self.failed()
+            raise self._refusal() from None
+        self.succeeded()
+
+    def _refusal(self) -> DatabaseUnavailable:
+        return DatabaseUnavailable(
+            f"{self._what} unavailable: its database did not answer a moment ago"
+        )
 
     def failed(self) -> None:
-        self._closed_until = time.monotonic() + self._pause_s
+        with self._lock:
+            self._down = True
+            self._probe_until = 0.0
+            self._closed_until = time.monotonic() + self._pause_s
+
+    def succeeded(self) -> None:
+        """The database answered: every caller may ask it again."""
+        if not self._down:
+            return
+        with self._lock:
+            self._down = False
+            self._probe_until = 0.0
+
+    def released(self) -> None:
+        """The probe ended without learning anything about the database
+        (an error of its own): the next caller may probe."""
+        if not self._down:
+            return
+        with self._lock:
+            self._probe_until = 0.0

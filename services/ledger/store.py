@@ -36,7 +36,7 @@ from eventsourcing.persistence import (
 
 from services.common.config import Settings
 from services.common.errors import DatabaseUnavailable, InternalError, ServiceUnavailable
-from services.common.pg_pool import OutageGate
+from services.common.pg_pool import OutageGate, answers
 from services.ledger import facts as F
 from services.ledger.backend import (
     LedgerApplication,
@@ -122,7 +122,10 @@ class LedgerStore:
             self._tail.start()
         self.batches = 0
         self.batched_appends = 0
-        self._gate = OutageGate("ledger store")
+        self._gate = OutageGate(
+            "ledger store",
+            probe=answers(settings.database_url) if settings.uses_postgres else None,
+        )
 
     # -- writes --
 
@@ -178,6 +181,13 @@ class LedgerStore:
             # The database went away (an IntegrityError a caller expects is
             # caught inside): a retryable UNAVAILABLE, never an INTERNAL.
             raise self._unavailable(exc) from exc
+        except BaseException:
+            # The caller's own error (an unknown session, say): nothing
+            # learnt about the database, so another caller may probe it.
+            self._gate.released()
+            raise
+        else:
+            self._gate.succeeded()
         finally:
             with self._readers_changed:
                 self._readers -= 1
@@ -311,6 +321,7 @@ class LedgerStore:
             except (PersistenceError, OSError) as exc:
                 self._fail_all(decided, exc, settled)
             else:
+                self._gate.succeeded()
                 self.batches += 1
                 self.batched_appends += len(decided)
                 record_batch(len(decided))

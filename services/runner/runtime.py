@@ -43,7 +43,7 @@ from services.blob_parts import BlobContent
 from services.blobs import BlobStore, blob_store
 from services.common import faults, tracing
 from services.common.config import Settings
-from services.common.errors import KeelError
+from services.common.errors import KeelError, ServiceUnavailable
 from services.ledger import LedgerClient
 from services.runner import metrics as runner_metrics
 from services.runner.attempt import (
@@ -67,6 +67,7 @@ from services.runner.drain import (
 )
 from services.runner.factcache import FactCache, SessionHistory
 from services.runner.hub import PartialHub
+from services.runner.outage import once_answered
 
 log = logging.getLogger("keel.runner")
 
@@ -376,6 +377,13 @@ class Runtime:
             log.info("handoff: %s stops at %s", lease.session_id, stop)
             await self._drainer.settle_at_boundary(attempt)
             return
+        except ServiceUnavailable as error:
+            # Keel itself is away (services.runner.outage): no failure is
+            # counted, and the lease goes back as soon as the kernel answers.
+            runner_metrics.attempt_ended("unavailable")
+            log.warning("attempt on %s stopped: %s", lease.session_id, error)
+            await self._hand_back(attempt)
+            return
         except ProviderError as error:
             runner_metrics.attempt_ended("failed")
             await self._failed(attempt, str(error), failure_kind(error), error.retry_after_ms)
@@ -391,10 +399,22 @@ class Runtime:
                 await renewal
         faults.hit("after_final_before_finish")
         with tracing.span("keel.finish", attempt.trace_attributes):
-            await self.kernel.finish(
-                lease.session_id, lease.epoch, self.runtime_id, read_through=attempt.watermark
+            # The answer is committed: a kernel away for a moment must not
+            # leave the session held until the lease's TTL.
+            await once_answered(
+                lambda: self.kernel.finish(
+                    lease.session_id, lease.epoch, self.runtime_id, read_through=attempt.watermark
+                ),
+                self.settings.lease_ms / 1000,
             )
         runner_metrics.attempt_ended("done")
+
+    async def _hand_back(self, attempt: Attempt) -> None:
+        lease = attempt.lease
+        await once_answered(
+            lambda: self.kernel.release(lease.session_id, lease.epoch, self.runtime_id),
+            self.settings.lease_ms / 1000,
+        )
 
     async def _failed(
         self,
@@ -418,8 +438,15 @@ class Runtime:
             data["rateLimited"] = True
         if retry_after_ms is not None:
             data["retryAfterMs"] = retry_after_ms
-        with contextlib.suppress(Fenced):
-            await attempt.commit("attempt_failed", data)
+        try:
+            with contextlib.suppress(Fenced):
+                await attempt.commit("attempt_failed", data)
+        except ServiceUnavailable as away:
+            # The failure cannot be recorded now: hand the session back
+            # uncounted, as an outage (services.runner.outage) does.
+            log.warning("attempt on %s failed during an outage: %s", lease.session_id, away)
+            await self._hand_back(attempt)
+            return
         with tracing.span("keel.finish", attempt.trace_attributes, {"keel.failed": True}):
             result = await self.kernel.finish(
                 lease.session_id,
