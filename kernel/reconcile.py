@@ -76,12 +76,14 @@ class Reconciler:
                 )
                 if stranded:
                     found += 1
+                    # Counted at once: the session may be claimed (and an
+                    # observer look) while the report below reads the ledger.
+                    self.enqueued += 1
                     await self._report(summary)
             if not page.next_after:
                 break
             after = page.next_after
         self.passes += 1
-        self.enqueued += found
         return found
 
     async def _owing_page(self, after: str) -> SessionPage:
