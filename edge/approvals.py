@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from edge import bodies
 from edge.auth import Caller
+from edge.bodies import DecisionBody
 from edge.errors import BadRequest, Conflict, from_service_error, shown
 from services.common.errors import KeelError
 from services.ledger import LedgerClient, SessionView
@@ -35,7 +37,6 @@ from services.ledger.errors import ApprovalDecided, ApprovalNotPending
 from services.ledger.facts import (
     APPROVAL,
     APPROVAL_REQUESTED,
-    MAX_APPROVAL_NOTE_CHARS,
     TOOL_RESULT,
     check_id,
 )
@@ -139,36 +140,25 @@ async def pending_approvals(ledger: LedgerClient, view: SessionView) -> tuple[Pe
     return tuple(requested.values())
 
 
-def _decision(body: Mapping[str, Any]) -> tuple[str, bool, str | None]:
-    """(toolCallId, approve, note) of a request body, or a 400 naming the field."""
-    call_id = body.get("toolCallId")
-    if not isinstance(call_id, str):
-        raise BadRequest("a decision needs the toolCallId (string)", field="toolCallId")
+def _decision(body: DecisionBody) -> tuple[str, bool, str | None]:
+    """(toolCallId, approve, note) of a decoded body, or a 400 naming the field."""
     try:
-        check_id(call_id, "toolCallId")
+        check_id(body.tool_call_id, "toolCallId")
     except KeelError:
         raise BadRequest(
-            f"toolCallId {shown(call_id)} is not a tool call id", field="toolCallId"
+            f"toolCallId {shown(body.tool_call_id)} is not a tool call id", field="toolCallId"
         ) from None
-    approve = body.get("approve")
-    if not isinstance(approve, bool):
-        raise BadRequest("a decision needs approve: true or false", field="approve")
-    note = body.get("note")
-    if note is not None and not isinstance(note, str):
-        raise BadRequest("note must be a string", field="note")
-    if note is not None and len(note) > MAX_APPROVAL_NOTE_CHARS:
-        raise BadRequest(f"note is longer than {MAX_APPROVAL_NOTE_CHARS} characters", field="note")
-    return call_id, approve, note or None
+    return body.tool_call_id, body.approve, body.note or None
 
 
 async def decide(
-    gateway: Gateway, caller: Caller, session_id: str, body: Mapping[str, Any]
+    gateway: Gateway, caller: Caller, session_id: str, body: DecisionBody | Mapping[str, Any]
 ) -> Decided:
     """Commits the caller's decision on a waiting call, then wakes the kernel.
 
     `session_id` is the ledger's id (another tenant's session is a 404)."""
+    call_id, approve, note = _decision(bodies.convert(body, DecisionBody))
     await gateway.check_owner(caller, session_id)
-    call_id, approve, note = _decision(body)
     by = decider(caller)
     data: dict[str, Any] = {"toolCallId": call_id, "approve": approve, "by": by}
     if note is not None:

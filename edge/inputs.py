@@ -17,7 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from edge import bodies
 from edge.auth import Caller
+from edge.bodies import InputBody, RetryBody
 from edge.errors import BadRequest, Unavailable, shown
 from edge.gateway import Gateway
 from services.blobs import is_blob_id
@@ -26,10 +28,6 @@ from services.common.errors import KeelError
 
 log = logging.getLogger("keel.edge.inputs")
 
-MAX_TEXT_CHARS = 256 * 1024
-# Each blob is shown to the model in every request of the session; far more
-# than any message needs, far less than a fact may hold.
-MAX_BLOBS_PER_INPUT = 64
 # What the ledger accepts as a requestId, checked here first so that a refusal
 # quotes no more of a client's value than `shown` allows.
 _REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
@@ -57,12 +55,9 @@ class Committed:
         return {"seq": self.seq, "requestId": self.request_id, "retrySafe": self.retry_safe}
 
 
-def _request_id(body: Mapping[str, Any], idempotency_key: str | None) -> tuple[str, bool]:
+def _request_id(given: str | None, idempotency_key: str | None) -> tuple[str, bool]:
     """The input's requestId (body or Idempotency-Key header, else a new one)
     and whether the client chose it."""
-    given = body.get("requestId")
-    if given is not None and not isinstance(given, str):
-        raise BadRequest("requestId must be a string", field="requestId")
     if given is not None and idempotency_key is not None and given != idempotency_key:
         raise BadRequest(
             "requestId and the Idempotency-Key header differ; send one of them", field="requestId"
@@ -83,33 +78,24 @@ async def commit_input(
     gateway: Gateway,
     caller: Caller,
     session_id: str,
-    body: Mapping[str, Any],
+    body: InputBody | Mapping[str, Any],
     idempotency_key: str | None = None,
 ) -> Committed:
     """Commits an input (`text`, `requestId`?, `blobs`?) then wakes the kernel."""
+    body = bodies.convert(body, InputBody)
     await gateway.check_owner(caller, session_id)
-    text = body.get("text")
-    if not isinstance(text, str):
-        raise BadRequest("an input needs text (string)", field="text")
-    if len(text) > MAX_TEXT_CHARS:
-        raise BadRequest(f"text is longer than {MAX_TEXT_CHARS} characters", field="text")
-    request_id, retry_safe = _request_id(body, idempotency_key)
-    data: dict[str, Any] = {"text": text, "requestId": request_id}
-    blobs = body.get("blobs")
-    if blobs is not None:
-        data["blobs"] = await _complete_blobs(gateway, caller, blobs)
+    request_id, retry_safe = _request_id(body.request_id, idempotency_key)
+    data: dict[str, Any] = {"text": body.text, "requestId": request_id}
+    if body.blobs is not None:
+        data["blobs"] = await _complete_blobs(gateway, caller, body.blobs)
     return await _append_input(gateway, caller, session_id, data, retry_safe)
 
 
-async def _complete_blobs(gateway: Gateway, caller: Caller, blobs: Any) -> list[str]:
+async def _complete_blobs(gateway: Gateway, caller: Caller, blobs: list[str]) -> list[str]:
     """The blob ids an input references, each the id of a complete blob of
     the caller's, found through the store. An id is never a path: one that
     does not have the store's shape (`../../x`, a trailing newline) is
     refused here before anything is looked up."""
-    if not isinstance(blobs, list) or not all(isinstance(b, str) for b in blobs):
-        raise BadRequest("blobs must be a list of blob ids", field="blobs")
-    if len(blobs) > MAX_BLOBS_PER_INPUT:
-        raise BadRequest(f"an input references at most {MAX_BLOBS_PER_INPUT} blobs", field="blobs")
     for blob_id in blobs:
         if not is_blob_id(blob_id):
             raise InvalidBlobId(
@@ -126,17 +112,16 @@ async def retry(
     gateway: Gateway,
     caller: Caller,
     session_id: str,
-    body: Mapping[str, Any],
+    body: RetryBody | Mapping[str, Any],
     idempotency_key: str | None = None,
 ) -> Committed:
     """Asks input `seq` again: a new input with its text and blobs, and
     `retryOf`. Deduplicated like any input, so one requestId re-asks once,
     and a requestId used to retry another seq is a conflict."""
+    body = bodies.convert(body, RetryBody)
     await gateway.check_owner(caller, session_id)
-    seq = body.get("seq")
-    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 < seq < 1 << 63:
-        raise BadRequest("retry needs the seq (positive integer) of an input", field="seq")
-    request_id, retry_safe = _request_id(body, idempotency_key)
+    seq = body.seq
+    request_id, retry_safe = _request_id(body.request_id, idempotency_key)
     facts, _ = await gateway.ledger.read(session_id, seq - 1, 1)
     if not facts or facts[0].seq != seq or facts[0].kind != "input":
         raise BadRequest(f"seq {seq} is not an input of this session", field="seq")

@@ -15,8 +15,9 @@ from starlette.routing import Route
 
 from edge import admin_ops
 from edge.auth import Caller
+from edge.bodies import CreateKeyBody, CreateTenantBody
 from edge.errors import BadRequest
-from edge.http import api_route, body_limit, gateway_of, is_count, json_body, read_limited
+from edge.http import api_route, body_limit, gateway_of, is_count, read_limited, typed_body
 
 
 def _etag(revision: int) -> str:
@@ -69,13 +70,11 @@ async def list_tenants(request: Request, caller: Caller) -> Response:
 
 
 async def create_tenant(request: Request, caller: Caller) -> Response:
-    body = await json_body(request, {"id", "name"})
-    if "id" not in body:
-        raise BadRequest("id: a new tenant needs an id")
-    name = body.get("name", "")
-    created = await admin_ops.create_tenant(gateway_of(request), caller, body["id"], name)
+    body = await typed_body(request, CreateTenantBody)
+    created = await admin_ops.create_tenant(gateway_of(request), caller, body.id, body.name)
     return JSONResponse(
-        {"id": body["id"], "name": name, "created": created}, status_code=201 if created else 200
+        {"id": body.id, "name": body.name, "created": created},
+        status_code=201 if created else 200,
     )
 
 
@@ -85,19 +84,9 @@ async def list_keys(request: Request, caller: Caller) -> Response:
     return JSONResponse({"keys": [k.to_json() for k in keys]})
 
 
-def _flag(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name, False)
-    if not isinstance(value, bool):
-        raise BadRequest(f"{name} must be true or false")
-    return value
-
-
 async def create_key(request: Request, caller: Caller) -> Response:
-    body = await json_body(request, {"tenant", "admin", "operator"})
-    tenant = body.get("tenant")
-    if tenant is not None and not isinstance(tenant, str):
-        raise BadRequest("tenant must be a tenant id (string)")
-    admin, operator = _flag(body, "admin"), _flag(body, "operator")
+    body = await typed_body(request, CreateKeyBody)
+    tenant, admin, operator = body.tenant, body.admin, body.operator
     key_id, key = await admin_ops.create_key(
         gateway_of(request), caller, tenant, admin=admin, operator=operator
     )

@@ -16,8 +16,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edge.auth import Caller
+from edge.bodies import CreateBlobBody
 from edge.errors import BadRequest, Conflict, PayloadTooLarge
-from edge.http import api_route, gateway_of, is_count, json_body, read_limited
+from edge.http import api_route, gateway_of, is_count, read_limited, typed_body
 from services.blobs import BlobQuotaExceeded
 
 MAX_CHUNK_BYTES = 8 << 20
@@ -35,13 +36,8 @@ class BlobQuotaFull(PayloadTooLarge):
 
 
 async def create_blob(request: Request, caller: Caller) -> Response:
-    body = await json_body(request, {"length", "contentType"})
-    length = body.get("length")
-    if not isinstance(length, int) or isinstance(length, bool):
-        raise BadRequest("length (integer) is required")
-    content_type = body.get("contentType", "application/octet-stream")
-    if not isinstance(content_type, str):
-        raise BadRequest("contentType must be a string")
+    body = await typed_body(request, CreateBlobBody)
+    length, content_type = body.length, body.content_type
     if len(content_type) > MAX_CONTENT_TYPE_CHARS or not _CONTENT_TYPE.fullmatch(content_type):
         raise BadRequest(
             f"contentType must be a media type such as image/png (type/subtype, optional "

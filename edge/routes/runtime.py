@@ -11,14 +11,16 @@ from __future__ import annotations
 import hmac
 import ipaddress
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edge.auth import Caller, require_admin, require_operator
+from edge.bodies import DrainBody, LocalDrainBody, UndoDrainBody
 from edge.errors import BadRequest, Conflict, Forbidden, Unauthorized
 from edge.gateway import Gateway
-from edge.http import MAX_INT64, api_route, client_host, gateway_of, json_body
+from edge.http import api_route, client_host, gateway_of, typed_body
 from edge.runtime_ops import drain_runtimes, drain_this_edge, report, undo_drains
 from services.common.internal_auth import TOKEN_HEADER
 from services.common.runtime_records import LOCAL_DRAIN_PATH
@@ -26,43 +28,31 @@ from services.common.runtime_records import LOCAL_DRAIN_PATH
 DRAIN_MODES = ("handoff", "shutdown")
 
 
-def _mode_and_deadline(body: dict[str, object], gateway: Gateway) -> tuple[str, int]:
-    mode = body.get("mode", "handoff")
-    deadline = body.get("deadlineMs", gateway.config.drain_deadline_ms)
-    if mode not in DRAIN_MODES:
-        raise BadRequest("mode must be handoff or shutdown")
-    if (
-        not isinstance(deadline, int)
-        or isinstance(deadline, bool)
-        or not 0 <= deadline <= MAX_INT64
-    ):
-        raise BadRequest("deadlineMs must be a non-negative integer")
-    return str(mode), deadline
-
-
-def _runtime_id(body: dict[str, object]) -> str | None:
-    runtime_id = body.get("runtimeId")
-    if runtime_id is not None and not isinstance(runtime_id, str):
-        raise BadRequest("runtimeId must be a string")
-    return runtime_id
+def _mode_and_deadline(body: DrainBody, gateway: Gateway) -> tuple[str, int]:
+    if body.mode not in DRAIN_MODES:
+        raise BadRequest("mode must be handoff or shutdown", field="mode")
+    deadline = body.deadline_ms
+    if isinstance(deadline, msgspec.UnsetType):
+        return body.mode, gateway.config.drain_deadline_ms
+    return body.mode, deadline
 
 
 async def drain(request: Request, caller: Caller) -> Response:
     gateway = gateway_of(request)
     require_operator(caller)
-    body = await json_body(request, {"mode", "deadlineMs", "runtimeId"})
+    body = await typed_body(request, DrainBody)
     mode, deadline = _mode_and_deadline(body, gateway)
     # One runtime (runtimeId: a runner, or this edge), else every attached
     # runner of the deployment. Inputs are accepted throughout.
-    result = await drain_runtimes(gateway, mode, deadline, _runtime_id(body))
+    result = await drain_runtimes(gateway, mode, deadline, body.runtime_id)
     return JSONResponse(result, status_code=202)
 
 
 async def undo_drain(request: Request, caller: Caller) -> Response:
     gateway = gateway_of(request)
     require_operator(caller)
-    body = await json_body(request, {"runtimeId"})
-    return JSONResponse(await undo_drains(gateway, _runtime_id(body)))
+    body = await typed_body(request, UndoDrainBody)
+    return JSONResponse(await undo_drains(gateway, body.runtime_id))
 
 
 async def runtime_status(request: Request, caller: Caller) -> Response:
@@ -99,15 +89,12 @@ async def local_drain(request: Request) -> Response:
     drain has finished: its streams are gone or the deadline has passed."""
     gateway = gateway_of(request)
     _require_local_caller(request, gateway)
-    body = await json_body(request, {"mode", "deadlineMs", "runtimeId", "undo"})
-    runtime_id = _runtime_id(body)
+    body = await typed_body(request, LocalDrainBody)
+    runtime_id = body.runtime_id
     if runtime_id is not None and runtime_id != gateway.edge_id:
         # A stale record: another edge process listens where it pointed.
         raise Conflict(f"this is edge {gateway.edge_id}, not {runtime_id}")
-    undo = body.get("undo", False)
-    if not isinstance(undo, bool):
-        raise BadRequest("undo must be a boolean")
-    if undo:
+    if body.undo:
         if gateway.drained.is_set():
             raise Conflict("this edge has finished draining: it is being replaced")
         return JSONResponse({"edge": gateway.edge_id, "undone": gateway.stop_draining()})

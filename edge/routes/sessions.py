@@ -9,6 +9,7 @@ from starlette.routing import Route
 
 from edge import inputs
 from edge.auth import Caller
+from edge.bodies import CreateSessionBody, InputBody, RetryBody
 from edge.errors import BadRequest
 from edge.gateway import DEFAULT_SESSION_PAGE, MAX_SESSION_PAGE
 from edge.http import (
@@ -18,10 +19,10 @@ from edge.http import (
     idempotency_key,
     int_param,
     is_count,
-    json_body,
     metrics_of,
     optional_int_param,
     session_id,
+    typed_body,
 )
 from edge.inputs import Committed
 from edge.streams import LimitedEventSourceResponse, SessionStream, fact_json
@@ -31,11 +32,8 @@ DEFAULT_PAGE = 500
 
 
 async def create_session(request: Request, caller: Caller) -> Response:
-    body = await json_body(request, {"id"})
-    wanted = body.get("id")
-    if wanted is not None and not isinstance(wanted, str):
-        raise BadRequest("id must be a string")
-    created = await gateway_of(request).create_session(caller, wanted)
+    body = await typed_body(request, CreateSessionBody)
+    created = await gateway_of(request).create_session(caller, body.id)
     return JSONResponse({"id": created}, status_code=201)
 
 
@@ -57,7 +55,7 @@ def _committed(committed: Committed) -> Response:
 
 
 async def post_input(request: Request, caller: Caller) -> Response:
-    body = await json_body(request, {"text", "requestId", "blobs"})
+    body = await typed_body(request, InputBody)
     committed = await inputs.commit_input(
         gateway_of(request), caller, session_id(request, caller), body, idempotency_key(request)
     )
@@ -65,7 +63,7 @@ async def post_input(request: Request, caller: Caller) -> Response:
 
 
 async def retry_input(request: Request, caller: Caller) -> Response:
-    body = await json_body(request, {"seq", "requestId"})
+    body = await typed_body(request, RetryBody)
     committed = await inputs.retry(
         gateway_of(request), caller, session_id(request, caller), body, idempotency_key(request)
     )
