@@ -5,9 +5,13 @@ comparable with each other even on a noisy machine:
 
 - `raw_insert_per_s`: a psycopg loop of one-row INSERT + COMMIT of rows shaped
   like the ledger's (what any hand-written store would pay per durable write);
-- `single_session_per_s`: one session, one fact per gRPC `Append`, each durable
-  before the next is sent;
-- `concurrent_64_per_s`: 64 sessions appending at once, one fact per call.
+- `single_session_per_s`: one session, one fact per append (the client's
+  `AppendStream`), each durable before the next is sent;
+- `concurrent_64_per_s`: 64 sessions appending at once, one fact per call;
+- `single_session_unary_per_s`: the single-session loop over unary `Append`
+  calls instead of the client's pipelined `AppendStream`;
+- `cpu_us_per_append`: what each append cost in CPU, in the ledger process
+  and in the client (less noisy than rates on a shared machine).
 
 The ledger runs as its own OS process, as in production; the client is this
 process.
@@ -24,13 +28,14 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from services.common.config import Settings
-from services.ledger import LedgerClient
+from services.ledger import FactToAppend, LedgerClient
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -73,22 +78,62 @@ def start_ledger(env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     raise RuntimeError("the ledger process did not start")
 
 
-async def single_session(target: str, settings: Settings, count: int) -> float:
+@dataclass(frozen=True)
+class Phase:
+    """One measured phase: appends per second, and the CPU each append cost
+    the ledger process and this (client) process, in microseconds."""
+
+    per_s: float
+    ledger_cpu_us: float
+    client_cpu_us: float
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        # Fields after the command name, which may itself hold spaces.
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """Started at construction; `phase()` says what the appends since cost."""
+
+    def __init__(self, ledger_pid: int) -> None:
+        self._pid = ledger_pid
+        self._wall = time.perf_counter()
+        self._ledger_cpu = process_cpu_s(ledger_pid)
+        self._client_cpu = time.process_time()
+
+    def phase(self, appends: int) -> Phase:
+        return Phase(
+            per_s=appends / (time.perf_counter() - self._wall),
+            ledger_cpu_us=(process_cpu_s(self._pid) - self._ledger_cpu) / appends * 1e6,
+            client_cpu_us=(time.process_time() - self._client_cpu) / appends * 1e6,
+        )
+
+
+async def single_session(
+    target: str, settings: Settings, count: int, ledger_pid: int, *, unary: bool = False
+) -> Phase:
+    """One session, each append durable before the next is sent: over the
+    client's AppendStream, or (`unary`) one `Append` call each."""
+    session_id = "bench-single-unary" if unary else "bench-single"
     async with LedgerClient(target, settings) as client:
-        await client.create_session("bench-single", "bench")
+        append = client.append_unary if unary else client.append
+        await client.create_session(session_id, "bench")
         for i in range(50):  # warm-up: connections, prepared statements
-            await client.append_one("bench-single", "input", {"text": "w", "requestId": f"w{i}"})
-        started = time.perf_counter()
+            await append(session_id, [FactToAppend("input", {"text": "w", "requestId": f"w{i}"})])
+        meter = CpuMeter(ledger_pid)
         for i in range(count):
-            await client.append_one(
-                "bench-single", "input", {"text": "x" * 100, "requestId": f"r{i}"}
-            )
-        return count / (time.perf_counter() - started)
+            fact = FactToAppend("input", {"text": "x" * 100, "requestId": f"r{i}"})
+            await append(session_id, [fact])
+        return meter.phase(count)
 
 
 async def concurrent_sessions(
-    target: str, settings: Settings, sessions: int, per_session: int
-) -> float:
+    target: str, settings: Settings, sessions: int, per_session: int, ledger_pid: int
+) -> Phase:
     async with LedgerClient(target, settings) as client:
         ids = [f"bench-c{i}" for i in range(sessions)]
         await asyncio.gather(*(client.create_session(s, "bench") for s in ids))
@@ -99,9 +144,9 @@ async def concurrent_sessions(
                     session_id, "input", {"text": "x" * 100, "requestId": f"r{i}"}
                 )
 
-        started = time.perf_counter()
+        meter = CpuMeter(ledger_pid)
         await asyncio.gather(*(writer(s) for s in ids))
-        return sessions * per_session / (time.perf_counter() - started)
+        return meter.phase(sessions * per_session)
 
 
 def measure(database_url: str | None = None, count: int = 2000) -> dict[str, Any]:
@@ -123,9 +168,10 @@ def measure(database_url: str | None = None, count: int = 2000) -> dict[str, Any
     proc, target = start_ledger(env)
     try:
         raw = raw_insert_loop(url, schema, count)
-        single = asyncio.run(single_session(target, client_settings, count))
+        single = asyncio.run(single_session(target, client_settings, count, proc.pid))
+        unary = asyncio.run(single_session(target, client_settings, count, proc.pid, unary=True))
         concurrent = asyncio.run(
-            concurrent_sessions(target, client_settings, 64, max(count // 32, 20))
+            concurrent_sessions(target, client_settings, 64, max(count // 32, 20), proc.pid)
         )
     finally:
         proc.kill()
@@ -139,10 +185,21 @@ def measure(database_url: str | None = None, count: int = 2000) -> dict[str, Any
         "database": "postgresql",
         "facts_per_run": count,
         "raw_insert_per_s": round(raw, 1),
-        "single_session_per_s": round(single, 1),
-        "concurrent_64_per_s": round(concurrent, 1),
-        "single_vs_raw": round(single / raw, 3),
-        "concurrent_vs_raw": round(concurrent / raw, 3),
+        "single_session_per_s": round(single.per_s, 1),
+        "concurrent_64_per_s": round(concurrent.per_s, 1),
+        "single_vs_raw": round(single.per_s / raw, 3),
+        "concurrent_vs_raw": round(concurrent.per_s / raw, 3),
+        # The same single-session loop over unary `Append` calls, for comparison.
+        "single_session_unary_per_s": round(unary.per_s, 1),
+        # CPU per append, in microseconds, of the ledger process and the client.
+        "cpu_us_per_append": {
+            name: {"ledger": round(phase.ledger_cpu_us), "client": round(phase.client_cpu_us)}
+            for name, phase in (
+                ("single", single),
+                ("single_unary", unary),
+                ("concurrent_64", concurrent),
+            )
+        },
         "targets": {"single_vs_raw": 0.5, "concurrent_vs_raw": 2.0},
     }
 

@@ -124,14 +124,7 @@ def error_from_rpc(
     info = error_info(err)
     message = err.details() or err.code().name
     if info is not None:
-        cls: type[KeelError] = by_reason.get(info.reason, root)
-        if info.reason not in by_reason and err.code() == grpc.StatusCode.UNAVAILABLE:
-            # Another service's own "cannot answer now" (its database is
-            # away): still retryable here, not a generic failure of the root.
-            cls = ServiceUnavailable
-        error = cls.__new__(cls)
-        KeelError.__init__(error, message, **dict(info.metadata))
-        return error
+        return error_of_reason(err.code(), info.reason, message, info.metadata, root, by_reason)
     if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return ServiceUnavailable(message)
     generic = root.__new__(root)
@@ -139,6 +132,27 @@ def error_from_rpc(
     said = message if message == err.code().name else f"{err.code().name}: {message}"
     KeelError.__init__(generic, said)
     return generic
+
+
+def error_of_reason(
+    code: grpc.StatusCode,
+    reason: str,
+    message: str,
+    metadata: Mapping[str, str],
+    root: type[E],
+    by_reason: Mapping[str, type[E]],
+) -> KeelError:
+    """The error class a refusal with this ErrorInfo `reason` means, whether
+    it came as a call's status (`error_from_rpc`) or inside a message of a
+    stream that answers many requests (the ledger's AppendStream)."""
+    cls: type[KeelError] = by_reason.get(reason, root)
+    if reason not in by_reason and code == grpc.StatusCode.UNAVAILABLE:
+        # Another service's own "cannot answer now" (its database is
+        # away): still retryable here, not a generic failure of the root.
+        cls = ServiceUnavailable
+    error = cls.__new__(cls)
+    KeelError.__init__(error, message, **dict(metadata))
+    return error
 
 
 def reasons_of(root: type[KeelError]) -> dict[str, type[KeelError]]:
@@ -190,10 +204,17 @@ def guarded(
     return unary, streaming
 
 
+def as_reported(error: Exception, handler: str) -> KeelError:
+    """What a handler's exception tells the caller: a KeelError as it is,
+    anything else (a bug) as INTERNAL, logged here with its traceback."""
+    if isinstance(error, KeelError):
+        return error
+    log.error("unexpected error in %s", handler, exc_info=error)
+    return InternalError("internal error; see the service log")
+
+
 async def _abort(context: Any, error: Exception, handler: str) -> None:
-    if not isinstance(error, KeelError):
-        log.error("unexpected error in %s", handler, exc_info=error)
-        error = InternalError("internal error; see the service log")
+    error = as_reported(error, handler)
     # abort_with_status attaches the ErrorInfo detail as trailing metadata.
     await context.abort_with_status(error.to_status())
 

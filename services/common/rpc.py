@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
 
-from services.common.errors import KeelError, error_from_rpc, reasons_of
+from services.common.errors import (
+    KeelError,
+    ServiceUnavailable,
+    error_from_rpc,
+    error_info,
+    error_of_reason,
+    reasons_of,
+)
 
 R = TypeVar("R")
 M = TypeVar("M")
@@ -38,6 +45,19 @@ def as_error(err: grpc.aio.AioRpcError, root: type[KeelError]) -> KeelError:
     return error_from_rpc(err, root, _reasons(root))
 
 
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def refusal_as_error(
+    code: int, reason: str, message: str, metadata: Mapping[str, str], root: type[KeelError]
+) -> KeelError:
+    """The exception a refusal carried in a stream's message means (a status
+    code number, an ErrorInfo reason, ...): the very class the same refusal
+    as a unary call's status would raise."""
+    status = _CODES.get(code, grpc.StatusCode.UNKNOWN)
+    return error_of_reason(status, reason, message, metadata, root, _reasons(root))
+
+
 async def unary(call: Awaitable[R], root: type[KeelError]) -> R:
     """Awaits a unary call, raising the service's own exception on failure."""
     try:
@@ -56,6 +76,23 @@ async def streaming(call: Any, root: type[KeelError]) -> AsyncIterator[Any]:
         raise as_error(err, root) from None
     finally:
         call.cancel()
+
+
+async def stream_answers(call: Any, root: type[KeelError]) -> AsyncIterator[Any]:
+    """The messages of a long-lived stream whose messages answer requests
+    sent on it (the ledger's AppendStream). When the stream fails, raises
+    what the requests it left unanswered should raise: a refusal of the
+    whole stream (with an ErrorInfo, e.g. a wrong internal token) as the
+    service's exception, the one a unary call would raise; anything else
+    (the server died, the connection broke) as ServiceUnavailable, since
+    each request's outcome is unknown and resending it may be safe."""
+    try:
+        async for message in call:
+            yield message
+    except grpc.aio.AioRpcError as err:
+        if error_info(err) is not None:
+            raise as_error(err, root) from None
+        raise ServiceUnavailable(f"the stream failed: {err.code().name}: {err.details()}") from None
 
 
 # A failed call of an idempotent method is retried on another replica (or on

@@ -13,14 +13,16 @@ from __future__ import annotations
 import threading
 import zlib
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import psycopg
 from eventsourcing.application import Application
-from eventsourcing.persistence import ApplicationRecorder
+from eventsourcing.persistence import ApplicationRecorder, InterfaceError, OperationalError
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+from eventsourcing.utils import retry
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import tuple_row
 
 from services.common.config import Settings
 from services.common.pg_pool import heal_quickly
@@ -127,6 +129,112 @@ def list_originators(recorder: ApplicationRecorder, after: str, limit: int) -> l
         return [row[0] for row in curs.fetchall()]
 
 
+# A stored row of a session stream: (seq, topic, state).
+StoredRow = tuple[int, str, bytes]
+_Read = TypeVar("_Read", bound=Callable[..., Any])
+# The library's own retry of reads that found no connection (typed here).
+_retried_read = cast(
+    Callable[[_Read], _Read], retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+)
+
+
+class StreamRows:
+    """Session streams' rows as stored, read without the library's mapper.
+
+    A page is one statement, with the stream's head in the same snapshot.
+    It asks for the seq range `(after, after + limit]` as well as for
+    `limit` rows: a stream has no gaps, so that is the same page, and it
+    bounds the scan even when the planner has no statistics for the table
+    (without them PostgreSQL sorted every row after `after` for each page).
+    On PostgreSQL rows travel in the binary protocol: the state column is
+    bytea, which as text travels hex-encoded, twice its size. Retried like
+    the library's own reads when no connection is to be had.
+    """
+
+    def __init__(self, recorder: ApplicationRecorder) -> None:
+        self._datastore: Any = getattr(recorder, "datastore")  # noqa: B009 - backend specific
+        table = getattr(recorder, "events_table_name")  # noqa: B009
+        self._postgres = hasattr(self._datastore, "schema")
+        if self._postgres:
+            name = sql.Identifier(self._datastore.schema, table)
+            rows = sql.SQL(
+                "SELECT originator_version, topic, state{head} FROM {t} "
+                "WHERE originator_id = %(id)s AND originator_version > %(after)s "
+                "AND originator_version <= %(upto)s "
+                "ORDER BY originator_version LIMIT %(limit)s"
+            )
+            head = sql.SQL("SELECT max(originator_version) FROM {t} WHERE originator_id = %(id)s")
+            self._rows_sql: Any = rows.format(head=sql.SQL(""), t=name)
+            # The head on every row: an uncorrelated subquery, run once.
+            self._page_sql: Any = rows.format(
+                head=sql.SQL(", ({})").format(head.format(t=name)), t=name
+            )
+            self._head_sql: Any = head.format(t=name)
+        else:
+            self._rows_sql = (
+                f"SELECT originator_version, topic, state FROM {table} "
+                "WHERE originator_id = :id AND originator_version > :after "
+                "AND originator_version <= :upto ORDER BY originator_version LIMIT :limit"
+            )
+            self._head_sql = (
+                f"SELECT max(originator_version) FROM {table} WHERE originator_id = :id"
+            )
+
+    @_retried_read
+    def rows(self, session_id: str, after: int, limit: int) -> list[StoredRow]:
+        """Up to `limit` rows after seq `after`, in seq order."""
+        params = {"id": session_id, "after": after, "upto": after + limit, "limit": limit}
+        if not self._postgres:
+            with self._datastore.transaction(commit=False) as curs:
+                curs.execute(self._rows_sql, params)
+                return [(row[0], row[1], row[2]) for row in curs.fetchall()]
+        with (
+            self._datastore.get_connection() as conn,
+            conn.cursor(binary=True, row_factory=tuple_row) as curs,
+        ):
+            curs.execute(self._rows_sql, params, prepare=True)
+            rows: list[StoredRow] = curs.fetchall()
+            return rows
+
+    @_retried_read
+    def page(self, session_id: str, after: int, limit: int) -> tuple[list[StoredRow], int]:
+        """`rows()` and the stream's head (0: no such stream)."""
+        params = {"id": session_id, "after": after, "upto": after + limit, "limit": limit}
+        if not self._postgres:
+            with self._datastore.transaction(commit=False) as curs:
+                curs.execute(self._rows_sql, params)
+                rows = [(row[0], row[1], row[2]) for row in curs.fetchall()]
+                if rows and len(rows) < limit:  # a short page ends at the head
+                    return rows, rows[-1][0]
+                curs.execute(self._head_sql, params)
+                return rows, int(curs.fetchone()[0] or 0)
+        with (
+            self._datastore.get_connection() as conn,
+            conn.cursor(binary=True, row_factory=tuple_row) as curs,
+        ):
+            curs.execute(self._page_sql, params, prepare=True)
+            found = curs.fetchall()
+            if not found:  # nothing after `after`: the head alone
+                curs.execute(self._head_sql, params, prepare=True)
+                return [], int(curs.fetchone()[0] or 0)
+        return [(seq, topic, state) for seq, topic, state, _ in found], int(found[0][3])
+
+    @_retried_read
+    def head(self, session_id: str) -> int:
+        """The stream's latest seq; 0 when there is no such stream."""
+        params = {"id": session_id}
+        if not self._postgres:
+            with self._datastore.transaction(commit=False) as curs:
+                curs.execute(self._head_sql, params)
+                return int(curs.fetchone()[0] or 0)
+        with (
+            self._datastore.get_connection() as conn,
+            conn.cursor(row_factory=tuple_row) as curs,
+        ):
+            curs.execute(self._head_sql, params, prepare=True)
+            return int(curs.fetchone()[0] or 0)
+
+
 class SessionNotifyingRecorder(PostgresApplicationRecorder):
     """The library's recorder, but its NOTIFY names the sessions written.
 
@@ -178,11 +286,20 @@ class LiveTail:
     """
 
     def __init__(
-        self, database_url: str, channel: str, on_commit: Callable[[Collection[str]], None]
+        self,
+        database_url: str,
+        channel: str,
+        on_commit: Callable[[Collection[str]], None],
+        own_backends: Collection[int] = (),
     ):
         self._url = database_url
         self._channel = channel
         self._on_commit = on_commit
+        # Server pids of this ledger's writing connections: their commits
+        # were announced in-process already. (A pid reused by another
+        # process's connection after ours closed would be skipped too; its
+        # subscribers still see the facts within the safety poll.)
+        self._own = own_backends
         self._stopped = threading.Event()
         self.listening = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ledger-live-tail", daemon=True)
@@ -200,7 +317,8 @@ class LiveTail:
                     self._on_commit(("*",))
                     while not self._stopped.is_set():
                         for note in conn.notifies(timeout=0.2):
-                            self._on_commit(note.payload.split(","))
+                            if note.pid not in self._own:
+                                self._on_commit(note.payload.split(","))
             except psycopg.Error:
                 self.listening.clear()
                 if self._stopped.wait(0.5):

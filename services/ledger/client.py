@@ -15,6 +15,7 @@ from keel.ledger.v1 import ledger_pb2_grpc as pb_grpc
 from services.common.config import Settings
 from services.common.rpc import balanced_target, replica_channel_options, streaming, unary
 from services.common.serving import open_channel
+from services.ledger.append_stream import AppendPipeline
 from services.ledger.codec import fact_from_pb, new_fact_to_pb, view_from_pb
 from services.ledger.domain import Appended, SessionView
 from services.ledger.errors import LedgerError
@@ -38,6 +39,14 @@ class SessionPage:
     next_after: str
 
 
+def _append_request(session_id: str, facts: Sequence[FactToAppend], epoch: int) -> pb.AppendRequest:
+    return pb.AppendRequest(
+        session_id=session_id,
+        epoch=epoch,
+        facts=[new_fact_to_pb(f.kind, f.data) for f in facts],
+    )
+
+
 class LedgerClient:
     """Async client of `keel.ledger.v1.LedgerService`."""
 
@@ -49,8 +58,11 @@ class LedgerClient:
             replica_channel_options("keel.ledger.v1.LedgerService", _READ_ONLY_METHODS),
         )
         self._stub = pb_grpc.LedgerServiceStub(self._channel)
+        # Opened on the first append, shared by every task of the process.
+        self._appends = AppendPipeline(self._stub.AppendStream)
 
     async def close(self) -> None:
+        await self._appends.close()
         await self._channel.close(None)
 
     async def __aenter__(self) -> LedgerClient:
@@ -67,11 +79,19 @@ class LedgerClient:
     async def append(
         self, session_id: str, facts: Sequence[FactToAppend], epoch: int = 0
     ) -> list[Appended]:
-        request = pb.AppendRequest(
-            session_id=session_id,
-            epoch=epoch,
-            facts=[new_fact_to_pb(f.kind, f.data) for f in facts],
-        )
+        """Appends `facts` atomically over the client's AppendStream.
+
+        Raises what the unary `Append` would (StaleEpoch, InvalidFact, …);
+        ServiceUnavailable when the stream failed before the answer came, in
+        which case the append may or may not have committed."""
+        response = await self._appends.append(_append_request(session_id, facts, epoch))
+        return [Appended(r.seq, r.duplicate) for r in response.results]
+
+    async def append_unary(
+        self, session_id: str, facts: Sequence[FactToAppend], epoch: int = 0
+    ) -> list[Appended]:
+        """`append` as one unary `Append` call, for callers without a stream."""
+        request = _append_request(session_id, facts, epoch)
         response = await unary(self._stub.Append(request), LedgerError)
         return [Appended(r.seq, r.duplicate) for r in response.results]
 

@@ -7,12 +7,23 @@ field added to a fact or a session view is mapped in exactly one place.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 from keel.ledger.v1 import ledger_pb2 as pb
 from services.ledger.domain import OpenToolCall, SessionView
 from services.ledger.facts import CommittedFact
+from services.ledger.stored_facts import StoredData, decode_data
+
+
+def _data_json(data: Mapping[str, Any]) -> str:
+    if isinstance(data, StoredData):
+        # Read from the store: the JSON text stored, which is what the
+        # encoding below would produce, sent as it is. Typed as str, but the
+        # message takes (and checks) UTF-8 bytes, which spares decoding them
+        # here and the message encoding them back.
+        return cast(str, data.utf8)
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
 def fact_to_pb(fact: CommittedFact) -> pb.Fact:
@@ -20,10 +31,28 @@ def fact_to_pb(fact: CommittedFact) -> pb.Fact:
         session_id=fact.session_id,
         seq=fact.seq,
         kind=fact.kind,
-        data_json=json.dumps(fact.data, ensure_ascii=False, separators=(",", ":")),
+        data_json=_data_json(fact.data),
         timestamp_ms=fact.timestamp_ms,
         epoch=fact.epoch,
     )
+
+
+def read_response(facts: Sequence[CommittedFact], head_seq: int) -> pb.ReadResponse:
+    """`ReadResponse(facts=[fact_to_pb(f) ...], head_seq=...)`, with each fact
+    written into the response directly: passing messages in copies each one,
+    which cost as much again as making them."""
+    response = pb.ReadResponse(head_seq=head_seq)
+    add = response.facts.add
+    for fact in facts:
+        add(
+            session_id=fact.session_id,
+            seq=fact.seq,
+            kind=fact.kind,
+            data_json=_data_json(fact.data),
+            timestamp_ms=fact.timestamp_ms,
+            epoch=fact.epoch,
+        )
+    return response
 
 
 def fact_from_pb(message: pb.Fact) -> CommittedFact:
@@ -31,7 +60,7 @@ def fact_from_pb(message: pb.Fact) -> CommittedFact:
         session_id=message.session_id,
         seq=message.seq,
         kind=message.kind,
-        data=json.loads(message.data_json or "{}"),
+        data=decode_data(message.data_json),
         timestamp_ms=message.timestamp_ms,
         epoch=message.epoch,
     )

@@ -7,8 +7,9 @@ import logging
 
 from services.common.config import Settings
 from services.common.serving import RunningServer, serve_services
-from services.ledger.servicer import SessionWaker, ledger_service
+from services.ledger.servicer import ledger_service
 from services.ledger.store import LedgerStore
+from services.ledger.waker import SessionWaker
 
 log = logging.getLogger("keel.ledger")
 
@@ -25,7 +26,9 @@ class LedgerServer:
 
     async def start(self) -> LedgerServer:
         self.waker.bind(asyncio.get_running_loop())
-        self.store = await asyncio.to_thread(LedgerStore, self.settings, self.waker.notify)
+        self.store = await asyncio.to_thread(
+            LedgerStore, self.settings, self.waker.notify, self.waker.committed
+        )
         service = ledger_service(self.store, self.waker, self.settings)
         self.running = await serve_services([service], self.address, self.settings)
         return self

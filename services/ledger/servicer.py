@@ -3,32 +3,49 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
-from opentelemetry import metrics
+from opentelemetry import metrics, trace
 
 from keel.ledger.v1 import ledger_pb2 as pb
 from keel.ledger.v1 import ledger_pb2_grpc as pb_grpc
+from services.common import hops, tracing
 from services.common.config import Settings
-from services.common.errors import stream_errors, unary_errors
+from services.common.errors import (
+    KeelError,
+    ServiceUnavailable,
+    as_reported,
+    stream_errors,
+    unary_errors,
+)
 from services.common.serving import GrpcService
 from services.ledger import facts as F
-from services.ledger.codec import fact_to_pb, view_to_pb
+from services.ledger.codec import fact_to_pb, read_response, view_to_pb
 from services.ledger.domain import Appended
 from services.ledger.errors import InvalidFact, SessionNotFound, StaleEpoch
 from services.ledger.metrics import time_append
 from services.ledger.store import LedgerStore
+from services.ledger.waker import SessionWaker
 
 Context = grpc.aio.ServicerContext[Any, Any]
 # A subscriber re-reads at least this often even without a wake-up, so a
 # notification lost with a database connection delays a frame, never loses it.
 SAFETY_POLL_S = 2.0
 SUBSCRIBE_BATCH = 500
+# Appends one AppendStream may have queued and not yet answered. Past it the
+# stream stops reading, and HTTP/2 flow control holds the client back; the
+# writer commits up to MAX_BATCH appends at once, one per session.
+MAX_IN_FLIGHT_PER_STREAM = 512
+APPEND_STREAM_METHOD = "keel.ledger.v1.LedgerService/AppendStream"
+# The span of one append on the stream (a unary Append's is named by gRPC's
+# instrumentation after its method, "/keel.ledger.v1.LedgerService/Append").
+APPEND_SPAN = "/keel.ledger.v1.LedgerService/AppendStream/Append"
 
 # Every append the fence refused, said where the refusal is decided: a
 # fenced-off writer (a runner resumed after its lease was taken over) is
@@ -63,44 +80,50 @@ def note_refusal(
     return settled
 
 
-class SessionWaker:
-    """Wakes the subscribers of sessions that just committed (thread-safe)."""
+def append_response(results: Sequence[Appended]) -> pb.AppendResponse:
+    return pb.AppendResponse(
+        results=[pb.AppendResult(seq=r.seq, duplicate=r.duplicate) for r in results],
+        head_seq=max(r.seq for r in results),
+    )
 
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._watchers: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
 
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+def traced_append(
+    request: pb.AppendStreamRequest,
+) -> Callable[[asyncio.Future[list[Appended]]], None]:
+    """Starts the span of an append that came on the stream with its
+    caller's trace context (gRPC's own spans are per call, not per message)
+    and returns the done-callback that ends it with the outcome."""
+    span = trace.get_tracer("keel.ledger").start_span(
+        APPEND_SPAN,
+        context=tracing.context_of(request.traceparent),
+        kind=trace.SpanKind.SERVER,
+        attributes={tracing.SESSION_ID: request.append.session_id, "rpc.method": "AppendStream"},
+    )
 
-    def watch(self, session_id: str) -> asyncio.Event:
-        event = asyncio.Event()
-        self._watchers[session_id].add(event)
-        return event
+    def settled(outcome: asyncio.Future[list[Appended]]) -> None:
+        error = None if outcome.cancelled() else outcome.exception()
+        if isinstance(error, KeelError):
+            span.set_status(trace.Status(trace.StatusCode.ERROR, error.reason))
+        elif error is not None:
+            span.record_exception(error)
+            span.set_status(trace.Status(trace.StatusCode.ERROR))
+        span.end()
 
-    def unwatch(self, session_id: str, event: asyncio.Event) -> None:
-        watchers = self._watchers.get(session_id)
-        if watchers is not None:
-            watchers.discard(event)
-            if not watchers:
-                del self._watchers[session_id]
+    return settled
 
-    def notify(self, session_ids: Collection[str]) -> None:
-        """Called from store threads after a commit."""
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._wake, tuple(session_ids))
 
-    def _wake(self, session_ids: tuple[str, ...]) -> None:
-        if "*" in session_ids:
-            targets: list[set[asyncio.Event]] = list(self._watchers.values())
-        else:
-            targets = [self._watchers[s] for s in session_ids if s in self._watchers]
-        for events in targets:
-            for event in events:
-                event.set()
-
-    def wake_all(self) -> None:
-        self._wake(("*",))
+def refusal(request_id: int, error: Exception) -> pb.AppendStreamResponse:
+    """An AppendStream answer saying what the unary Append's status would."""
+    reported = as_reported(error, "AppendStream")
+    return pb.AppendStreamResponse(
+        id=request_id,
+        error=pb.AppendError(
+            code=reported.code.value[0],
+            reason=reported.reason,
+            message=reported.message,
+            metadata=reported.metadata,
+        ),
+    )
 
 
 class LedgerServicer(pb_grpc.LedgerServiceServicer):
@@ -109,11 +132,15 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
         self._waker = waker
         self._settings = settings
         self._draining = asyncio.Event()
+        # How to stop each open AppendStream reading (on drain).
+        self._append_streams: set[Callable[..., object]] = set()
 
     async def drain(self) -> None:
-        """Ends every Subscribe stream cleanly (status OK)."""
+        """Ends every Subscribe and AppendStream stream cleanly (status OK)."""
         self._draining.set()
         self._waker.wake_all()
+        for stop_reading in list(self._append_streams):
+            stop_reading()
 
     @unary_errors
     async def CreateSession(
@@ -124,8 +151,10 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
         created = await asyncio.to_thread(self._store.create_session, session_id, tenant_id)
         return pb.CreateSessionResponse(session_id=session_id, created=created)
 
-    @unary_errors
-    async def Append(self, request: pb.AppendRequest, context: Context) -> pb.AppendResponse:
+    def submit_append(self, request: pb.AppendRequest) -> asyncio.Future[list[Appended]]:
+        """Validates an append and queues it for the writer: the one way in
+        for `Append` and `AppendStream` alike. Raises what it refuses before
+        queueing; the outcome counts and logs a fence refusal and its latency."""
         started = time.perf_counter()
         session_id = F.check_id(request.session_id, "session_id")
         if request.epoch < 0:
@@ -142,13 +171,87 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
             note_refusal(session_id, request.epoch, [f.kind for f in new_facts])
         )
         outcome.add_done_callback(time_append(started))
+        return outcome
+
+    @unary_errors
+    async def Append(self, request: pb.AppendRequest, context: Context) -> pb.AppendResponse:
         # Shielded: a caller that goes away does not cancel the outcome, so
         # the decision (already queued) is still seen and counted.
-        results = await asyncio.shield(outcome)
-        return pb.AppendResponse(
-            results=[pb.AppendResult(seq=r.seq, duplicate=r.duplicate) for r in results],
-            head_seq=max(r.seq for r in results),
-        )
+        return append_response(await asyncio.shield(self.submit_append(request)))
+
+    @stream_errors
+    async def AppendStream(
+        self, requests: AsyncIterator[pb.AppendStreamRequest], context: Context
+    ) -> AsyncIterator[pb.AppendStreamResponse]:
+        """Reads appends while earlier ones are still being decided (up to
+        MAX_IN_FLIGHT_PER_STREAM), and answers each as soon as its outcome is
+        known. On drain it stops reading, answers what it read, and ends OK."""
+        if self._draining.is_set():
+            return  # opened as the server stops: the client goes elsewhere
+        answers: deque[pb.AppendStreamResponse] = deque()
+        wake = asyncio.Event()
+        room = asyncio.Semaphore(MAX_IN_FLIGHT_PER_STREAM)
+        in_flight = 0
+
+        def answer(response: pb.AppendStreamResponse) -> None:
+            answers.append(response)
+            wake.set()
+
+        def settled(request_id: int, outcome: asyncio.Future[list[Appended]]) -> None:
+            nonlocal in_flight
+            in_flight -= 1
+            room.release()
+            error = (
+                ServiceUnavailable("append cancelled")
+                if outcome.cancelled()
+                else outcome.exception()
+            )
+            if error is None:
+                answer(
+                    pb.AppendStreamResponse(
+                        id=request_id, appended=append_response(outcome.result())
+                    )
+                )
+            else:
+                # The store settles with an Exception, never a bare BaseException.
+                assert isinstance(error, Exception)
+                answer(refusal(request_id, error))
+
+        async def read_requests() -> None:
+            nonlocal in_flight
+            async for request in requests:
+                hops.called(APPEND_STREAM_METHOD)
+                await room.acquire()
+                try:
+                    outcome = self.submit_append(request.append)
+                except Exception as error:  # refused before it was queued
+                    room.release()
+                    answer(refusal(request.id, error))
+                    continue
+                in_flight += 1
+                if request.traceparent and tracing.enabled():
+                    outcome.add_done_callback(traced_append(request))
+                outcome.add_done_callback(functools.partial(settled, request.id))
+
+        reader = asyncio.create_task(read_requests())
+        reader.add_done_callback(lambda _: wake.set())
+        stop_reading = reader.cancel
+        self._append_streams.add(stop_reading)
+        try:
+            while True:
+                await wake.wait()
+                wake.clear()
+                while answers:
+                    yield answers.popleft()
+                if reader.done() and in_flight == 0 and not answers:
+                    break
+            if not reader.cancelled():
+                # A request stream that failed (the client went away) leaves
+                # nobody to tell: the outcome is only marked as seen.
+                reader.exception()
+        finally:
+            self._append_streams.discard(stop_reading)
+            reader.cancel()
 
     @unary_errors
     async def Read(self, request: pb.ReadRequest, context: Context) -> pb.ReadResponse:
@@ -156,7 +259,7 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
         after = F.check_cursor(request.after_seq)
         limit = F.check_limit(request.limit)
         facts, head = await asyncio.to_thread(self._store.read_page, session_id, after, limit)
-        return pb.ReadResponse(facts=[fact_to_pb(f) for f in facts], head_seq=head)
+        return read_response(facts, head)
 
     @stream_errors
     async def Subscribe(
@@ -167,34 +270,46 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
         if not await asyncio.to_thread(self._store.exists, session_id):
             raise SessionNotFound(f"no session {session_id!r}")
         # Registered before the first read, so a commit between a read that
-        # came back empty and the wait below still wakes us.
-        woken = self._waker.watch(session_id)
+        # came back empty and the wait below still wakes us. A fresh watch
+        # must read: memory holds only what was committed after it began.
+        watch = self._waker.watch(session_id)
         try:
             while not self._draining.is_set():
-                woken.clear()
-                facts = await asyncio.to_thread(
-                    self._store.read, session_id, cursor, SUBSCRIBE_BATCH
-                )
-                for fact in facts:
-                    yield pb.SubscribeResponse(fact=fact_to_pb(fact))
-                    cursor = fact.seq
-                if len(facts) == SUBSCRIBE_BATCH:
-                    continue
-                # A short page ended at the head: anything newer has set
-                # `woken` (cleared before the read), so wait without reading.
+                watch.event.clear()
+                remembered = None if watch.must_read else self._waker.after(session_id, cursor)
+                if remembered is not None:
+                    # What this ledger just committed, encoded once for all.
+                    for response in remembered:
+                        yield response
+                        cursor = response.fact.seq
+                else:
+                    watch.must_read = False
+                    facts = await asyncio.to_thread(
+                        self._store.read, session_id, cursor, SUBSCRIBE_BATCH
+                    )
+                    for fact in facts:
+                        yield pb.SubscribeResponse(fact=fact_to_pb(fact))
+                        cursor = fact.seq
+                    if len(facts) == SUBSCRIBE_BATCH:
+                        continue
+                # At the head: anything newer sets the event (cleared before
+                # looking), so wait without reading.
                 waits = [
                     asyncio.ensure_future(self._draining.wait()),
-                    asyncio.ensure_future(woken.wait()),
+                    asyncio.ensure_future(watch.event.wait()),
                 ]
                 try:
-                    await asyncio.wait(
+                    done, _ = await asyncio.wait(
                         waits, timeout=SAFETY_POLL_S, return_when=asyncio.FIRST_COMPLETED
                     )
                 finally:
                     for waiting in waits:
                         waiting.cancel()
+                if not done:
+                    # The safety poll: a notification may have been lost.
+                    watch.must_read = True
         finally:
-            self._waker.unwatch(session_id, woken)
+            self._waker.unwatch(session_id, watch)
 
     @unary_errors
     async def GetSession(

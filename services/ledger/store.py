@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +34,7 @@ from eventsourcing.persistence import (
     PersistenceError,
 )
 
+from services.common import hops
 from services.common.config import Settings
 from services.common.errors import DatabaseUnavailable, InternalError, ServiceUnavailable
 from services.common.pg_pool import OutageGate, answers
@@ -42,13 +43,16 @@ from services.ledger.backend import (
     LedgerApplication,
     LiveTail,
     SessionNotifyingRecorder,
+    StreamRows,
     backend_env,
     list_originators,
     prepare_backend,
 )
-from services.ledger.domain import Appended, SessionStream, SessionView, to_committed
+from services.ledger.domain import Appended, SessionStream, SessionView
 from services.ledger.errors import LedgerError, SessionExists, SessionNotFound, WriteContention
+from services.ledger.event_insert import BatchInsert
 from services.ledger.metrics import record_batch
+from services.ledger.stored_facts import FactReader
 
 log = logging.getLogger("keel.ledger.store")
 
@@ -57,6 +61,8 @@ CACHE_SIZE = 4096
 CONFLICT_RETRIES = 8
 
 OnCommit = Callable[[Collection[str]], None]
+# Committed domain events by session, in seq order.
+OnFacts = Callable[[Mapping[str, Sequence[Any]]], None]
 
 
 @dataclass
@@ -98,10 +104,22 @@ _STOP = object()
 class LedgerStore:
     """Session streams: append through the group committer, read directly."""
 
-    def __init__(self, settings: Settings, on_commit: OnCommit | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        on_commit: OnCommit | None = None,
+        on_facts: OnFacts | None = None,
+    ) -> None:
         prepare_backend(settings)
         self.app = LedgerApplication(env=backend_env(settings))
+        # Reads go to the rows directly (see stored_facts): the mapper's
+        # decode and the servicer's re-encode were most of a Read's cost.
+        self._rows = StreamRows(self.app.recorder)
+        self._fact_reader = FactReader(self.app.mapper)
         self._on_commit = on_commit or (lambda ids: None)
+        # The writer's own commits, with their events: subscribers of this
+        # process take them from memory (services.ledger.waker).
+        self._on_facts = on_facts
         # Aggregates by session, least recently used first. Guarded by _lock,
         # which the writer holds for a whole batch (decide + save), so readers
         # never observe a decision that was not committed.
@@ -115,10 +133,19 @@ class LedgerStore:
         self._writer.start()
         # Commits of other ledger processes on the same PostgreSQL.
         self._tail: LiveTail | None = None
+        # The writer's inserts on PostgreSQL: one statement per batch.
+        self._batch_insert: BatchInsert | None = None
         if settings.uses_postgres:
             recorder = self.app.recorder
             assert isinstance(recorder, SessionNotifyingRecorder)
-            self._tail = LiveTail(settings.database_url, recorder.session_channel, self._on_commit)
+            self._batch_insert = BatchInsert(recorder, self.app.mapper)
+            self._tail = LiveTail(
+                settings.database_url,
+                recorder.session_channel,
+                self._on_commit,
+                # Only when the writer's commits are announced in-process.
+                self._batch_insert.backends if on_facts is not None else (),
+            )
             self._tail.start()
         self.batches = 0
         self.batched_appends = 0
@@ -197,35 +224,26 @@ class LedgerStore:
         """Facts after `after_seq`, in one query: for a subscriber, which
         checked once that the session exists and needs no head."""
         with self._reading():
-            events = self.app.events.get(session_id, gt=after_seq, limit=limit)
-            return [to_committed(session_id, e) for e in events]
+            rows = self._rows.rows(session_id, after_seq, limit)
+            return self._fact_reader.facts(session_id, rows)
 
     def read_page(
         self, session_id: str, after_seq: int, limit: int
     ) -> tuple[list[F.CommittedFact], int]:
-        """Facts after `after_seq` and the stream's head, in one go.
-
-        A short page ends at the head, so the head costs no second query on
-        the hot path (a reader following a live session).
-        """
+        """Facts after `after_seq` and the stream's head, in one statement."""
         with self._reading():
-            events = list(self.app.events.get(session_id, gt=after_seq, limit=limit))
-            facts = [to_committed(session_id, e) for e in events]
-            if facts and len(facts) < limit:
-                return facts, facts[-1].seq
-            head = self.head(session_id)
+            rows, head = self._rows.page(session_id, after_seq, limit)
             if head == 0:  # every session starts with its creation fact
                 raise SessionNotFound(f"no session {session_id!r}")
-            return facts, head
+            return self._fact_reader.facts(session_id, rows), head
 
     def head(self, session_id: str) -> int:
         with self._reading():
-            last = self.app.recorder.select_events(session_id, desc=True, limit=1)
-            return last[0].originator_version if last else 0
+            return self._rows.head(session_id)
 
     def exists(self, session_id: str) -> bool:
         with self._reading():
-            return bool(self.app.recorder.select_events(session_id, limit=1))
+            return self._rows.head(session_id) > 0
 
     def view(self, session_id: str) -> SessionView:
         """Derived state, brought up to date with what other processes wrote."""
@@ -286,6 +304,7 @@ class LedgerStore:
                 chosen[pending.session_id] = pending
         settled: list[tuple[_PendingAppend, list[Appended] | BaseException]] = []
         committed: list[str] = []
+        written: dict[str, list[Any]] = {}
         try:
             self._gate.check()
         except DatabaseUnavailable as closed:
@@ -310,9 +329,10 @@ class LedgerStore:
                 self._fail_all(decided, unreachable, settled)
                 decided = []
             changed = [stream for _, stream, _ in decided if stream.pending_events]
+            saved: list[Any] = []
             try:
                 if changed:
-                    self._save(changed)
+                    saved = self._save(changed)
             except IntegrityError:
                 for _, stream, _ in decided:
                     self._forget(stream.id)
@@ -326,8 +346,16 @@ class LedgerStore:
                 self.batched_appends += len(decided)
                 record_batch(len(decided))
                 settled.extend((pending, results) for pending, _, results in decided)
-                committed.extend(stream.id for stream in changed)
+                if self._on_facts is not None:
+                    by_session: dict[str, list[Any]] = {}
+                    for event in saved:
+                        by_session.setdefault(event.originator_id, []).append(event)
+                    written = by_session
+                else:
+                    committed.extend(stream.id for stream in changed)
         self._deliver(settled)
+        if written and self._on_facts is not None:
+            self._on_facts(written)
         if committed:
             self._on_commit(committed)
         return later
@@ -414,12 +442,18 @@ class LedgerStore:
 
     # -- the aggregate cache --
 
-    def _save(self, streams: Sequence[SessionStream]) -> None:
+    def _save(self, streams: Sequence[SessionStream]) -> list[Any]:
         # The event store directly, not Application.save(): the latter's
         # protocol checks and snapshot/notify hooks cost more CPU than the
         # whole insert on this path, and the ledger uses none of them.
         events = [event for stream in streams for event in stream.collect_events()]
-        self.app.events.put(events)
+        if self._batch_insert is not None:
+            self._batch_insert.put(events)
+        else:
+            self.app.events.put(events)
+        # One transaction, whatever the batch holds (create_session's too).
+        hops.committed("ledger")
+        return events
 
     def _load(self, session_id: str) -> SessionStream:
         stream = self._streams.get(session_id)

@@ -210,6 +210,124 @@ class AppendResponse(_message.Message):
 Global___AppendResponse: _TypeAlias = AppendResponse  # noqa: Y015
 
 @_typing.final
+class AppendStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    APPEND_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Chosen by the client, unique among its unanswered requests on this
+    stream; the response carries it back.
+    """
+    traceparent: _builtins.str
+    """The W3C traceparent of the caller's span, when the caller traces: the
+    ledger's span of this append is its child, as a unary Append's span is
+    the child of the call's.
+    """
+    @_builtins.property
+    def append(self) -> Global___AppendRequest: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        append: Global___AppendRequest | None = ...,
+        traceparent: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "id", b"id", "traceparent", b"traceparent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendStreamRequest: _TypeAlias = AppendStreamRequest  # noqa: Y015
+
+@_typing.final
+class AppendError(_message.Message):
+    """Why an append on the stream was refused: what the unary `Append` would
+    have said in its status (code, ErrorInfo reason and metadata, message).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CODE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """A google.rpc.Code value (e.g. 9 FAILED_PRECONDITION for STALE_EPOCH)."""
+    reason: _builtins.str
+    """Machine-readable, as in ErrorInfo.reason: STALE_EPOCH, INVALID_FACT, ..."""
+    message: _builtins.str
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "metadata", b"metadata", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendError: _TypeAlias = AppendError  # noqa: Y015
+
+@_typing.final
+class AppendStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    APPENDED_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """The id of the request answered."""
+    @_builtins.property
+    def appended(self) -> Global___AppendResponse: ...
+    @_builtins.property
+    def error(self) -> Global___AppendError: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        appended: Global___AppendResponse | None = ...,
+        error: Global___AppendError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["appended", b"appended", "error", b"error", "outcome", b"outcome"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["appended", b"appended", "error", b"error", "id", b"id", "outcome", b"outcome"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["appended", "error"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___AppendStreamResponse: _TypeAlias = AppendStreamResponse  # noqa: Y015
+
+@_typing.final
 class ReadRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -48,6 +48,11 @@ class LedgerServiceStub:
                 request_serializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.AppendRequest.SerializeToString,
                 response_deserializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.AppendResponse.FromString,
                 _registered_method=True)
+        self.AppendStream = channel.stream_stream(
+                '/keel.ledger.v1.LedgerService/AppendStream',
+                request_serializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.AppendStreamRequest.SerializeToString,
+                response_deserializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.AppendStreamResponse.FromString,
+                _registered_method=True)
         self.Read = channel.unary_unary(
                 '/keel.ledger.v1.LedgerService/Read',
                 request_serializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.ReadRequest.SerializeToString,
@@ -87,6 +92,21 @@ class LedgerServiceServicer:
     def Append(self, request, context):
         """Appends one or many facts atomically. Duplicates (same request id,
         generation id or tool call id) return the existing seq, not an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AppendStream(self, request_iterator, context):
+        """Appends over one long-lived stream: the hot path of a process that
+        appends often. Each request carries its own id and is answered once, by
+        a response with that id; requests are pipelined (the next may be sent
+        before the previous is answered) and answers may come in any order.
+        Every request is decided exactly as `Append` decides it (validation,
+        fence, dedup). A refused append is answered with an `AppendError`, and
+        the stream goes on; the stream itself ends only when the server drains
+        (OK) or the connection fails, and then any request not yet answered may
+        or may not have committed (resending it is safe where dedup applies).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -134,6 +154,11 @@ def add_LedgerServiceServicer_to_server(servicer, server):
                     servicer.Append,
                     request_deserializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.AppendRequest.FromString,
                     response_serializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.AppendResponse.SerializeToString,
+            ),
+            'AppendStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AppendStream,
+                    request_deserializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.AppendStreamRequest.FromString,
+                    response_serializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.AppendStreamResponse.SerializeToString,
             ),
             'Read': grpc.unary_unary_rpc_method_handler(
                     servicer.Read,
@@ -214,6 +239,33 @@ class LedgerService:
             '/keel.ledger.v1.LedgerService/Append',
             keel_dot_ledger_dot_v1_dot_ledger__pb2.AppendRequest.SerializeToString,
             keel_dot_ledger_dot_v1_dot_ledger__pb2.AppendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/keel.ledger.v1.LedgerService/AppendStream',
+            keel_dot_ledger_dot_v1_dot_ledger__pb2.AppendStreamRequest.SerializeToString,
+            keel_dot_ledger_dot_v1_dot_ledger__pb2.AppendStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,17 @@ class LedgerServiceStub:
     """Appends one or many facts atomically. Duplicates (same request id,
     generation id or tool call id) return the existing seq, not an error.
     """
+    AppendStream: _grpc.StreamStreamMultiCallable[_ledger_pb2.AppendStreamRequest, _ledger_pb2.AppendStreamResponse]
+    """Appends over one long-lived stream: the hot path of a process that
+    appends often. Each request carries its own id and is answered once, by
+    a response with that id; requests are pipelined (the next may be sent
+    before the previous is answered) and answers may come in any order.
+    Every request is decided exactly as `Append` decides it (validation,
+    fence, dedup). A refused append is answered with an `AppendError`, and
+    the stream goes on; the stream itself ends only when the server drains
+    (OK) or the connection fails, and then any request not yet answered may
+    or may not have committed (resending it is safe where dedup applies).
+    """
     Read: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ReadRequest, _ledger_pb2.ReadResponse]
     """Reads committed facts with seq > after_seq, in order."""
     Subscribe: _grpc.UnaryStreamMultiCallable[_ledger_pb2.SubscribeRequest, _ledger_pb2.SubscribeResponse]
@@ -69,6 +80,17 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     Append: _aio.UnaryUnaryMultiCallable[_ledger_pb2.AppendRequest, _ledger_pb2.AppendResponse]  # type: ignore[assignment]
     """Appends one or many facts atomically. Duplicates (same request id,
     generation id or tool call id) return the existing seq, not an error.
+    """
+    AppendStream: _aio.StreamStreamMultiCallable[_ledger_pb2.AppendStreamRequest, _ledger_pb2.AppendStreamResponse]  # type: ignore[assignment]
+    """Appends over one long-lived stream: the hot path of a process that
+    appends often. Each request carries its own id and is answered once, by
+    a response with that id; requests are pipelined (the next may be sent
+    before the previous is answered) and answers may come in any order.
+    Every request is decided exactly as `Append` decides it (validation,
+    fence, dedup). A refused append is answered with an `AppendError`, and
+    the stream goes on; the stream itself ends only when the server drains
+    (OK) or the connection fails, and then any request not yet answered may
+    or may not have committed (resending it is safe where dedup applies).
     """
     Read: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ReadRequest, _ledger_pb2.ReadResponse]  # type: ignore[assignment]
     """Reads committed facts with seq > after_seq, in order."""
@@ -105,6 +127,23 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_ledger_pb2.AppendResponse, _abc.Awaitable[_ledger_pb2.AppendResponse]]:
         """Appends one or many facts atomically. Duplicates (same request id,
         generation id or tool call id) return the existing seq, not an error.
+        """
+
+    @_abc_1.abstractmethod
+    def AppendStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_ledger_pb2.AppendStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_ledger_pb2.AppendStreamResponse], _abc.AsyncIterator[_ledger_pb2.AppendStreamResponse]]:
+        """Appends over one long-lived stream: the hot path of a process that
+        appends often. Each request carries its own id and is answered once, by
+        a response with that id; requests are pipelined (the next may be sent
+        before the previous is answered) and answers may come in any order.
+        Every request is decided exactly as `Append` decides it (validation,
+        fence, dedup). A refused append is answered with an `AppendError`, and
+        the stream goes on; the stream itself ends only when the server drains
+        (OK) or the connection fails, and then any request not yet answered may
+        or may not have committed (resending it is safe where dedup applies).
         """
 
     @_abc_1.abstractmethod

@@ -1,0 +1,162 @@
+"""Committed facts straight from the rows the event store wrote.
+
+Reading through the eventsourcing mapper parses every row's JSON into a
+domain event, and the Read RPC then encodes each fact's data back into the
+JSON it was stored as. Here a row is decoded once, by msgspec, into what a
+fact needs (kind, epoch, timestamp), and its data stays the stored JSON text
+(`StoredData`): the servicer sends that text as `data_json` unchanged, and
+nothing on the ledger's side pays for a dict it never looks at.
+
+The stored form is the mapper's (`JSONTranscoder`: compact separators, no
+ASCII escaping, a datetime as `{"_type_": "datetime_iso", "_data_": iso}`),
+and the data is written with the very encoder `fact_to_pb` would use, so the
+text passed on is the text `fact_to_pb` would have produced. A row this
+module does not recognise (another topic, an unexpected field, JSON msgspec
+refuses, such as NaN) returns None and the caller reads it through the mapper.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from eventsourcing.persistence import DatetimeAsISO, JSONTranscoder, Mapper, StoredEvent
+from eventsourcing.utils import get_topic
+
+from services.ledger import facts as F
+from services.ledger.domain import SessionStream, timestamp_ms, to_committed
+
+RECORDED_TOPIC = get_topic(SessionStream.Recorded)
+CREATED_TOPIC = get_topic(SessionStream.Created)
+# The name the mapper's transcoder writes a datetime under.
+DATETIME_TRANSCODING = "datetime_iso"
+
+
+class StoredData(Mapping[str, Any]):
+    """A committed fact's data as the UTF-8 JSON it was stored as, parsed on
+    first use only (the ledger itself rarely looks inside)."""
+
+    __slots__ = ("_decoded", "utf8")
+
+    def __init__(self, utf8: bytes) -> None:
+        self.utf8 = utf8
+        self._decoded: dict[str, Any] | None = None
+
+    def _value(self) -> dict[str, Any]:
+        if self._decoded is None:
+            value = decode_data(self.utf8)
+            if not isinstance(value, dict):
+                raise ValueError("a fact's data must be a JSON object")
+            self._decoded = value
+        return self._decoded
+
+    def __getitem__(self, key: str) -> Any:
+        return self._value()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._value())
+
+    def __len__(self) -> int:
+        return len(self._value())
+
+    def __repr__(self) -> str:
+        return repr(self._value())
+
+
+_JSON = msgspec.json.Decoder()
+
+
+def decode_data(data_json: str | bytes) -> Any:
+    """A fact's data from its JSON text, as `json.loads` would read it.
+
+    msgspec first (several times faster); what it refuses and Python's json
+    reads (NaN, a number past a float's range, an escaped lone surrogate)
+    is read by the latter, so no committed fact becomes unreadable."""
+    try:
+        return _JSON.decode(data_json or "{}")
+    except msgspec.MsgspecError:
+        return json.loads(data_json or "{}")
+
+
+_STAMP_FIELDS = {"name": "_type_", "moment": "_data_"}
+
+
+# Not tracked by the garbage collector (`gc=False`): decoded rows hold no
+# reference cycles, and a page makes thousands of them.
+class _Stamp(msgspec.Struct, forbid_unknown_fields=True, rename=_STAMP_FIELDS, gc=False):
+    name: str
+    # Parsed by msgspec as the transcoding's `datetime.fromisoformat` would.
+    moment: datetime
+
+
+class _Recorded(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    timestamp: _Stamp
+    kind: str
+    data: msgspec.Raw
+    epoch: int
+
+
+class _Created(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    timestamp: _Stamp
+    originator_topic: str
+    session_id: str
+    tenant_id: str
+
+
+_RECORDED = msgspec.json.Decoder(_Recorded)
+_CREATED = msgspec.json.Decoder(_Created)
+
+
+def stored_fact(session_id: str, seq: int, topic: str, state: bytes) -> F.CommittedFact | None:
+    """The fact a stored row holds, or None when the mapper must read it."""
+    try:
+        if topic == RECORDED_TOPIC:
+            recorded = _RECORDED.decode(state)
+            stamp = recorded.timestamp
+            if stamp.name != DATETIME_TRANSCODING:
+                return None
+            data = StoredData(bytes(recorded.data))
+            moment = timestamp_ms(stamp.moment)
+            return F.CommittedFact(session_id, seq, recorded.kind, data, moment, recorded.epoch)
+        if topic == CREATED_TOPIC:
+            created = _CREATED.decode(state)
+            stamp = created.timestamp
+            if stamp.name != DATETIME_TRANSCODING:
+                return None
+            tenant = {"tenantId": created.tenant_id}
+            moment = timestamp_ms(stamp.moment)
+            return F.CommittedFact(session_id, seq, F.SESSION_CREATED, tenant, moment, 0)
+    except msgspec.MsgspecError:
+        return None
+    return None
+
+
+class FactReader:
+    """Stored rows to facts: decoded here when they are the mapper's plain
+    JSON, through the mapper when they are not (a cipher or a compressor
+    configured in the environment, a row of an unknown shape)."""
+
+    def __init__(self, mapper: Mapper[str]) -> None:
+        self._mapper = mapper
+        transcoder = mapper.transcoder
+        self._plain = (
+            mapper.cipher is None
+            and mapper.compressor is None
+            and isinstance(transcoder, JSONTranscoder)
+            and isinstance(transcoder.names.get(DATETIME_TRANSCODING), DatetimeAsISO)
+        )
+
+    def facts(
+        self, session_id: str, rows: Iterable[tuple[int, str, bytes]]
+    ) -> list[F.CommittedFact]:
+        out: list[F.CommittedFact] = []
+        for seq, topic, state in rows:
+            fact = stored_fact(session_id, seq, topic, state) if self._plain else None
+            if fact is None:
+                event = self._mapper.to_domain_event(StoredEvent(session_id, seq, topic, state))
+                fact = to_committed(session_id, event)
+            out.append(fact)
+        return out
