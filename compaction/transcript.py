@@ -112,12 +112,11 @@ def _user_message(data: Mapping[str, Any], blob_parts: BlobParts | None) -> dict
     return {"role": "user", "content": content}
 
 
-def _tool_result_message(data: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
-    call_id = data["toolCallId"]
+def _tool_result_message(data: Mapping[str, Any], tool_name: str) -> dict[str, Any]:
     return {
         "role": "toolResult",
-        "toolCallId": call_id,
-        "toolName": names.get(call_id, ""),
+        "toolCallId": data["toolCallId"],
+        "toolName": tool_name,
         "content": data.get("content", ""),
         "isError": bool(data.get("isError", False)),
     }
@@ -146,6 +145,88 @@ def cancelled_exchanges(facts: Iterable[CommittedFact]) -> set[int]:
     return dropped
 
 
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A context entry where it stands, before its message is built: the
+    fact, and what its place decided (a compaction's first kept position, a
+    tool result's tool name). Building messages costs more than placing
+    them, and a caller may need only some of them."""
+
+    fact: CommittedFact
+    first_kept_index: int = 0
+    tool_name: str = ""
+
+
+def placed_context(facts: Sequence[CommittedFact], watermark: int | None = None) -> list[Placed]:
+    """The entries of `context_entries`, in its order, unbuilt (see `entry_of`)."""
+    fold = fold_facts(facts)
+    dropped = cancelled_exchanges(facts)
+    names: dict[str, str] = {}
+    entries: list[Placed] = []
+    position_of_seq: dict[int, int] = {}
+    # Inputs read by no request yet, in seq order.
+    unplaced: deque[Placed] = deque()
+    # Calls whose result is committed later: nothing may come between.
+    waiting: set[str] = set()
+    epoch_watermark = 0
+
+    def place(entry: Placed) -> None:
+        position_of_seq[entry.fact.seq] = len(entries)
+        entries.append(entry)
+
+    def place_inputs_up_to(limit: int | None) -> None:
+        while unplaced and (limit is None or unplaced[0].fact.seq <= limit):
+            place(unplaced.popleft())
+
+    for fact in facts:
+        if fact.seq in dropped:
+            continue
+        if fact.kind == INPUT:
+            if watermark is None or fact.seq <= watermark:
+                unplaced.append(Placed(fact))
+        elif fact.kind == EPOCH_STARTED:
+            epoch_watermark = int(fact.data.get("watermark", 0))
+        elif fact.kind == ASSISTANT:
+            if not waiting:
+                place_inputs_up_to(epoch_watermark)
+            for call in fact.data.get("toolCalls") or ():
+                names[call["id"]] = call["name"]
+                if call["id"] in fold.results:
+                    waiting.add(call["id"])
+            place(Placed(fact))
+        elif fact.kind == TOOL_RESULT:
+            call_id = fact.data["toolCallId"]
+            place(Placed(fact, tool_name=names.get(call_id, "")))
+            waiting.discard(call_id)
+        elif fact.kind == COMPACTION:
+            if not waiting:
+                place_inputs_up_to(epoch_watermark)
+            first_kept = position_of_seq.get(int(fact.data["firstKept"]), len(entries))
+            place(Placed(fact, first_kept_index=first_kept))
+    # What the next request presents after the history: every input it reads.
+    place_inputs_up_to(None)
+    return entries
+
+
+def entry_of(placed: Placed, blob_parts: BlobParts | None = None) -> dict[str, Any]:
+    """A placed entry in the compaction-policy shape, with its `seq`."""
+    fact = placed.fact
+    if fact.kind == COMPACTION:
+        return {
+            "type": "compaction",
+            "summary": fact.data["summary"],
+            "firstKeptIndex": placed.first_kept_index,
+            "seq": fact.seq,
+        }
+    if fact.kind == INPUT:
+        message = _user_message(fact.data, blob_parts)
+    elif fact.kind == ASSISTANT:
+        message = _assistant_message(fact.data)
+    else:
+        message = _tool_result_message(fact.data, placed.tool_name)
+    return {"type": "message", "message": message, "seq": fact.seq}
+
+
 def context_entries(
     facts: Sequence[CommittedFact],
     watermark: int | None = None,
@@ -157,62 +238,7 @@ def context_entries(
     `watermark` hides inputs an attempt has not read; `blob_parts` turns the
     blobs an input references into content parts (without it, only the text).
     """
-    fold = fold_facts(facts)
-    dropped = cancelled_exchanges(facts)
-    names: dict[str, str] = {}
-    entries: list[dict[str, Any]] = []
-    position_of_seq: dict[int, int] = {}
-    # Inputs read by no request yet, in seq order.
-    unplaced: deque[dict[str, Any]] = deque()
-    # Calls whose result is committed later: nothing may come between.
-    waiting: set[str] = set()
-    epoch_watermark = 0
-
-    def place(entry: dict[str, Any]) -> None:
-        position_of_seq[entry["seq"]] = len(entries)
-        entries.append(entry)
-
-    def place_inputs_up_to(limit: int | None) -> None:
-        while unplaced and (limit is None or unplaced[0]["seq"] <= limit):
-            place(unplaced.popleft())
-
-    for fact in facts:
-        if fact.seq in dropped:
-            continue
-        if fact.kind == INPUT:
-            if watermark is None or fact.seq <= watermark:
-                message = _user_message(fact.data, blob_parts)
-                unplaced.append({"type": "message", "message": message, "seq": fact.seq})
-        elif fact.kind == EPOCH_STARTED:
-            epoch_watermark = int(fact.data.get("watermark", 0))
-        elif fact.kind == ASSISTANT:
-            if not waiting:
-                place_inputs_up_to(epoch_watermark)
-            for call in fact.data.get("toolCalls") or ():
-                names[call["id"]] = call["name"]
-                if call["id"] in fold.results:
-                    waiting.add(call["id"])
-            message = _assistant_message(fact.data)
-            place({"type": "message", "message": message, "seq": fact.seq})
-        elif fact.kind == TOOL_RESULT:
-            message = _tool_result_message(fact.data, names)
-            place({"type": "message", "message": message, "seq": fact.seq})
-            waiting.discard(fact.data["toolCallId"])
-        elif fact.kind == COMPACTION:
-            if not waiting:
-                place_inputs_up_to(epoch_watermark)
-            first_kept = int(fact.data["firstKept"])
-            place(
-                {
-                    "type": "compaction",
-                    "summary": fact.data["summary"],
-                    "firstKeptIndex": position_of_seq.get(first_kept, len(entries)),
-                    "seq": fact.seq,
-                }
-            )
-    # What the next request presents after the history: every input it reads.
-    place_inputs_up_to(None)
-    return entries
+    return [entry_of(placed, blob_parts) for placed in placed_context(facts, watermark)]
 
 
 def parsed_context(

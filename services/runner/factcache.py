@@ -15,17 +15,27 @@ Each session's parsed context messages travel with its facts, for the same
 reason: a message parsed once never needs parsing again.
 
 Bounded by a total number of facts; the least recently used sessions go first.
+
+A session read from the start (a successor without a copy) is read a few
+pages at a time: once the first page has said where the head is, the rest
+are known seq ranges, so the ledger prepares the next pages while this
+process decodes the previous ones instead of each side waiting for the other.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from compaction.policy import MessageEntry
 from services.ledger import LedgerClient
-from services.ledger.facts import CommittedFact
+from services.ledger.facts import MAX_READ_LIMIT, CommittedFact
+
+# Pages asked for at once beyond the first: enough to keep both sides busy,
+# few enough not to crowd out the ledger's other readers.
+PAGES_IN_FLIGHT = 4
 
 
 @dataclass
@@ -56,8 +66,33 @@ class FactCache:
         """
         history = self._take(session_id)
         after = history.facts[-1].seq if history.facts else 0
-        history.facts.extend(await self._ledger.read_all(session_id, after))
+        history.facts.extend(await self._read_after(session_id, after))
         return history
+
+    async def _read_after(self, session_id: str, after: int) -> list[CommittedFact]:
+        """What `LedgerClient.read_all` returns, with pages read concurrently."""
+        facts, head = await self._ledger.read(session_id, after, MAX_READ_LIMIT)
+        if not facts or facts[-1].seq >= head:
+            return facts
+        gate = asyncio.Semaphore(PAGES_IN_FLIGHT)
+
+        async def page(start: int) -> tuple[list[CommittedFact], int]:
+            async with gate:
+                return await self._ledger.read(session_id, start, MAX_READ_LIMIT)
+
+        # Seqs have no gaps: the pages up to the head are these ranges.
+        starts = range(facts[-1].seq, head, MAX_READ_LIMIT)
+        pages = await asyncio.gather(*(page(s) for s in starts))
+        for page_facts, _ in pages:
+            if not page_facts or page_facts[0].seq != facts[-1].seq + 1:
+                break  # not the expected range: the rest page by page below
+            facts.extend(page_facts)
+        # Any page may have seen facts appended since the first was read.
+        head = max(head, *(page_head for _, page_head in pages))
+        if facts[-1].seq < head:
+            # Appended while reading (or a page not as expected): from there on.
+            facts.extend(await self._ledger.read_all(session_id, facts[-1].seq))
+        return facts
 
     def keep(self, session_id: str, history: SessionHistory) -> None:
         """Remembers a session's history, if its facts are the complete prefix."""

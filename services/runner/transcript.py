@@ -17,13 +17,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from compaction.policy import ContextEntry, MessageEntry, entry_from_dict
 from compaction.transcript import (
     CANCELLED_STOP,
+    BlobParts,
+    Placed,
     context_entries,
-    context_head,
-    fold_facts,
+    entry_of,
     messages_of,
-    parsed_context,
+    placed_context,
     presented_request,
     request_messages,
 )
@@ -32,7 +34,9 @@ from services.ledger.facts import (
     APPROVAL_REQUESTED,
     ASSISTANT,
     CANCELLED,
+    COMPACTION,
     INPUT,
+    TOOL_RESULT,
     CommittedFact,
 )
 
@@ -175,18 +179,40 @@ def _approvals(
 
 def owed(facts: Sequence[CommittedFact], watermark: int) -> Owed:
     """Unanswered inputs up to `watermark` and tool calls without results."""
-    fold = fold_facts(facts)
-    latest_cancel = max((f.seq for f in facts if f.kind == CANCELLED), default=0)
-    inputs = [f.seq for f in facts if f.kind == INPUT and f.seq <= watermark]
-    unanswered = [s for s in inputs if s not in fold.consumed]
+    # One pass over a session that may hold thousands of facts: the answers'
+    # consumed inputs and the results (as `compaction.transcript.fold_facts`
+    # folds them), the latest cancel and answer, and the context head (as
+    # `compaction.transcript.context_head` finds it).
+    consumed: set[int] = set()
+    results: set[str] = set()
+    inputs: list[int] = []
+    latest_cancel = head = 0
+    latest_assistant: CommittedFact | None = None
+    for fact in facts:
+        kind = fact.kind
+        if kind == INPUT:
+            if fact.seq <= watermark:
+                inputs.append(fact.seq)
+                head = fact.seq
+        elif kind == ASSISTANT:
+            consumed.update(fact.data.get("inputSeqs") or ())
+            latest_assistant = fact
+            head = fact.seq
+        elif kind == TOOL_RESULT:
+            results.add(fact.data["toolCallId"])
+            head = fact.seq
+        elif kind == COMPACTION:
+            head = fact.seq
+        elif kind == CANCELLED:
+            latest_cancel = fact.seq
+    unanswered = [s for s in inputs if s not in consumed]
     open_calls: list[OpenCall] = []
     waiting: list[OpenCall] = []
-    latest_assistant = next((f for f in reversed(facts) if f.kind == ASSISTANT), None)
     if latest_assistant is not None:
         requested, decisions = _approvals(facts, latest_assistant.seq)
         cut_off = latest_assistant.data.get("stopReason") == CUT_OFF_STOP
         for call in latest_assistant.data.get("toolCalls") or ():
-            if call["id"] in fold.results:
+            if call["id"] in results:
                 continue
             text = call.get("argumentsText")
             open_call = OpenCall(
@@ -209,9 +235,69 @@ def owed(facts: Sequence[CommittedFact], watermark: int) -> Owed:
         open_calls=tuple(open_calls),
         cancelled_input_seqs=tuple(s for s in unanswered if s < latest_cancel),
         latest_cancel_seq=latest_cancel,
-        context_head_seq=context_head(facts, watermark),
+        context_head_seq=head,
         waiting_calls=tuple(waiting),
     )
+
+
+def parsed_context(
+    facts: Sequence[CommittedFact],
+    watermark: int | None = None,
+    memo: dict[int, MessageEntry] | None = None,
+    blob_parts: BlobParts | None = None,
+) -> tuple[ContextEntry, ...]:
+    """The context entries a request is built from, parsed into the policy's
+    values: those of `compaction.transcript.parsed_context` from the latest
+    compaction's first kept entry on (positions counted from there).
+
+    Nothing before that entry is presented, sized or compacted again (the
+    policy starts every walk at the latest compaction's first kept entry), so
+    a successor rebuilding a long session builds and parses only what the
+    next request can show, not the whole history. The request, the size
+    estimate and the compaction decision are those of the full list.
+
+    `memo` (seq -> parsed message) spares building and parsing the same
+    messages at every turn; see `compaction.transcript.parsed_context` for
+    why it is sound.
+    """
+    placed = placed_context(facts, watermark)
+    start = presented_from(placed)
+    parsed: list[ContextEntry] = []
+    for position, entry in enumerate(placed[start:]):
+        seq = entry.fact.seq
+        if entry.fact.kind == COMPACTION:
+            shifted = Placed(entry.fact, first_kept_index=entry.first_kept_index - start)
+            parsed.append(entry_from_dict(entry_of(shifted), position))
+            continue
+        message = memo.get(seq) if memo is not None else None
+        if message is None:
+            built = entry_from_dict(entry_of(entry, blob_parts), position)
+            assert isinstance(built, MessageEntry)
+            message = built
+            if memo is not None:
+                memo[seq] = message
+        parsed.append(message)
+    return tuple(parsed)
+
+
+def presented_from(placed: Sequence[Placed]) -> int:
+    """The position of the latest compaction's first kept entry (0 without
+    one), moved back as far as any compaction after it reaches, so that every
+    compaction left in the list points inside it."""
+    for position in range(len(placed) - 1, -1, -1):
+        if placed[position].fact.kind == COMPACTION:
+            start = placed[position].first_kept_index
+            break
+    else:
+        return 0
+    while True:
+        reached = min(
+            (e.first_kept_index for e in placed[start:] if e.fact.kind == COMPACTION),
+            default=start,
+        )
+        if reached >= start:
+            return start
+        start = reached
 
 
 def refusal(call: OpenCall) -> str | None:
