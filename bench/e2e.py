@@ -8,7 +8,10 @@
   doors, so whatever else the machine does weighs on both alike.
 - `sse_1000_clients_p99_ms` (with HTTP): 1000 SSE clients on one edge follow
   one session; a fact is committed to the ledger and each client's arrival
-  time is measured from the commit.
+  time is measured from the commit. `sse_1000_clients_cpu_ms_per_fact` is the
+  CPU time the `keel up` process (edge, ledger and all) spent per broadcast
+  fact over those rounds: the cost behind the latency, less noisy than it on
+  a shared machine.
 
 The HTTP turn's client is an asyncio connection with a minimal SSE reader,
 the gRPC one the generated stub; the 1000 followers share one epoll loop
@@ -56,7 +59,8 @@ class SseClient:
     async def open(cls, port: int, path: str, key: str) -> SseClient:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(
-            # HTTP/1.0: no chunked framing to undo, the stream just flows.
+            # HTTP/1.0. uvicorn's httptools protocol still sends chunks; a
+            # chunk's size line is neither a field nor blank: skipped below.
             f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
             "Accept: text/event-stream\r\n\r\n".encode()
         )
@@ -84,6 +88,14 @@ class SseClient:
     async def close(self) -> None:
         self.writer.close()
         await self.writer.wait_closed()
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        # The fields after the command name, which may itself hold spaces.
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _free_ports(count: int) -> list[int]:
@@ -237,7 +249,13 @@ async def _time_turns(
 
 
 async def _run(
-    port: int, grpc_port: int, turns: int, clients: int, facts: int, transports: tuple[str, ...]
+    keel_pid: int,
+    port: int,
+    grpc_port: int,
+    turns: int,
+    clients: int,
+    facts: int,
+    transports: tuple[str, ...],
 ) -> dict[str, Any]:
     latencies = await _time_turns(port, f"127.0.0.1:{grpc_port}", turns, transports)
     result: dict[str, Any] = {
@@ -265,10 +283,13 @@ async def _run(
         ) as http:
             followed = (await http.post("/v1/sessions", json={})).json()["id"]
             await _hold_the_session(http, followed)
-        arrivals = await asyncio.to_thread(_time_broadcasts, port, followed, clients, facts)
+        arrivals, cpu_s = await asyncio.to_thread(
+            _time_broadcasts, keel_pid, port, followed, clients, facts
+        )
         result["sse_clients"] = clients
         result["sse_1000_clients_p50_ms"] = round(statistics.median(arrivals), 2)
         result["sse_1000_clients_p99_ms"] = round(percentile(arrivals, 0.99), 2)
+        result["sse_1000_clients_cpu_ms_per_fact"] = round(cpu_s * 1000 / facts, 2)
     return result
 
 
@@ -287,10 +308,12 @@ async def _hold_the_session(http: httpx.AsyncClient, session: str) -> None:
         await asyncio.sleep(0.05)
 
 
-def _time_broadcasts(port: int, session: str, clients: int, facts: int) -> list[float]:
+def _time_broadcasts(
+    keel_pid: int, port: int, session: str, clients: int, facts: int
+) -> tuple[list[float], float]:
     """Commit (an input, through the edge, to a session busy with a long
     answer) -> arrival at each of `clients` SSE clients of the session, over
-    `facts` commits."""
+    `facts` commits; and the CPU seconds `keel up` spent on those commits."""
     followers = Followers(port, f"/v1/sessions/{session}/events?after=1", BENCH_KEY, clients)
     arrivals: list[float] = []
     try:
@@ -306,9 +329,12 @@ def _time_broadcasts(port: int, session: str, clients: int, facts: int) -> list[
             )
             if round_ >= WARMUP_FACTS:
                 arrivals.extend(arrived)
+            else:
+                cpu_before = process_cpu_s(keel_pid)
+        cpu_s = process_cpu_s(keel_pid) - cpu_before
     finally:
         followers.close()
-    return arrivals
+    return arrivals, cpu_s
 
 
 def transports_of(choice: str) -> tuple[str, ...]:
@@ -333,7 +359,7 @@ def measure(
     port, grpc_port = _free_ports(2)
     proc = _start_keel(url, schema, port, grpc_port)
     try:
-        return asyncio.run(_run(port, grpc_port, turns, clients, facts, transports))
+        return asyncio.run(_run(proc.pid, port, grpc_port, turns, clients, facts, transports))
     finally:
         proc.terminate()
         try:

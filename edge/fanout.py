@@ -31,77 +31,45 @@ and statuses of an epoch older than the newest `epoch_started` it has been
 sent: an owner that was taken over (a frozen process resumed, a partitioned
 one) may still stream for a moment, and its backlog may show a client the
 takeover before the fan-out's own subscription does.
+
+Each item is broadcast as one `Frame` (edge/frames.py) shared by every
+client, so it is encoded once per front door. A client whose backlog is out
+and who waits for more with nothing pending is *parked*: if it gave a
+`DirectSink` (an SSE connection), the broadcast writes the frame to it at
+once, in the broadcasting task, so a thousand such clients cost one wake-up
+per item, not a thousand. Anything else - a client still catching up, a gap
+to fill from the ledger, a connection whose send buffer is full (a slow
+client), a gRPC stream - goes through the client's bounded inbox and its
+own task, under the same rules as before: an inbox CLIENT_BUFFER behind
+drops the item, and a dropped fact is read back from the ledger.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
+from edge import metrics as edge_metrics
+from edge.fanout_clients import Client, DirectSink, attempt_epoch
+from edge.frames import Frame, WireCodec
 from services.common.errors import KeelError
 from services.ledger import CommittedFact, LedgerClient
 from services.runner.client import RunnerClient
 from services.runner.hub import Partial, ReplayEnd, StatusChange
 
 log = logging.getLogger("keel.edge.fanout")
-CLIENT_BUFFER = 1024
 # An attempt's facts wait for the replay of its partials at most this long,
 # and at most this many (past either, they go out: facts are never late for
 # the sake of a preview by more than that).
 HOLD_S = 2.0
 HOLD_FACTS = 256
-# Per client: answered generations remembered to drop their late deltas.
-ANSWERED_GENERATIONS = 64
 _CLOSED = object()
 IDLE = StatusChange("idle", 0)
-
-
-class Inbox:
-    """What one client has not been sent yet: bounded, with one reader.
-
-    A broadcast touches every client of a session, so this is kept leaner
-    than asyncio.Queue (no task accounting, no getter queue): an append, and
-    a wake-up only when the reader is waiting.
-    """
-
-    __slots__ = ("_items", "_waiter")
-
-    def __init__(self) -> None:
-        self._items: deque[object] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-
-    def put(self, item: object) -> bool:
-        """False (and the item dropped) when the client is CLIENT_BUFFER behind."""
-        if len(self._items) >= CLIENT_BUFFER:
-            return False
-        self._items.append(item)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-        return True
-
-    def put_never_dropped(self, item: object) -> None:
-        """Makes room, if need be, by dropping the oldest items (the client
-        resumes from its cursor anyway)."""
-        while len(self._items) >= CLIENT_BUFFER:
-            self._items.popleft()
-        self.put(item)
-
-    async def take_all(self) -> list[object]:
-        """Everything pending, waiting for at least one item."""
-        while not self._items:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        items = list(self._items)
-        self._items.clear()
-        return items
 
 
 class Drain:
@@ -126,10 +94,9 @@ class _Attempt:
     @classmethod
     def of(cls, fact: CommittedFact) -> _Attempt:
         data = fact.data
-        epoch = data.get("epoch")
         return cls(
             runtime_id=str(data.get("runtimeId") or ""),
-            epoch=epoch if isinstance(epoch, int) and epoch > 0 else fact.epoch,
+            epoch=attempt_epoch(fact),
             attempt_id=str(data.get("attemptId") or ""),
         )
 
@@ -138,7 +105,7 @@ class SessionFanout:
     def __init__(self, hub: FanoutHub, session_id: str) -> None:
         self._hub = hub
         self._session_id = session_id
-        self._clients: set[Inbox] = set()
+        self._clients: set[Client] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._owner_changed = asyncio.Event()
         # The attempt named by the latest epoch_started not yet attached to
@@ -163,19 +130,19 @@ class SessionFanout:
     def clients(self) -> int:
         return len(self._clients)
 
-    def join(self) -> Inbox:
-        inbox = Inbox()
-        self._clients.add(inbox)
+    def join(self, cursor: int, sink: DirectSink | None) -> Client:
+        client = Client(cursor, sink)
+        self._clients.add(client)
         if not self._tasks:
             self._owner_changed.set()
             self._tasks = [
                 asyncio.create_task(self._follow_facts(), name=f"fanout-{self._session_id}"),
                 asyncio.create_task(self._follow_owner(), name=f"owner-{self._session_id}"),
             ]
-        return inbox
+        return client
 
-    def leave(self, inbox: Inbox) -> None:
-        self._clients.discard(inbox)
+    def leave(self, client: Client) -> None:
+        self._clients.discard(client)
         if not self._clients:
             for task in self._tasks:
                 task.cancel()
@@ -183,14 +150,22 @@ class SessionFanout:
             self._hub.forget(self._session_id, self)
 
     def broadcast_drain(self) -> None:
-        for inbox in list(self._clients):
-            inbox.put_never_dropped(DRAIN)
+        for client in list(self._clients):
+            client.put_never_dropped(DRAIN)
 
     def _broadcast(self, item: object) -> None:
-        # A full inbox drops the item for that client only; for a fact it
-        # notices the gap and reads it from the ledger.
-        for inbox in list(self._clients):
-            inbox.put(item)
+        # One frame for every client (encoded at most once per front door).
+        # A full inbox drops it for that client only; for a fact it notices
+        # the gap and reads it from the ledger.
+        frame = Frame(item, self._hub.codec)
+        written = 0
+        for client in list(self._clients):
+            written += client.offer(frame)
+        edge_metrics.sse_frames_sent(written)
+
+    def _close_all(self) -> None:
+        for client in list(self._clients):
+            client.put(_CLOSED)
 
     # -- facts --
 
@@ -209,7 +184,7 @@ class SessionFanout:
             self._stop_holding()
             while self._held:
                 self._broadcast(self._held.popleft())
-            self._broadcast(_CLOSED)
+            self._close_all()
             # A client that joins from now on gets a fan-out of its own: this
             # one follows nothing any more.
             self._hub.forget(self._session_id, self)
@@ -327,6 +302,9 @@ class FanoutHub:
         self.runner_of = runner_of
         self.draining = False
         self._sessions: dict[str, SessionFanout] = {}
+        # What turns broadcast items into bytes (one per hub, so every client
+        # of a session shares a frame's encodings).
+        self.codec = WireCodec()
 
     def forget(self, session_id: str, fanout: SessionFanout) -> None:
         if self._sessions.get(session_id) is fanout:
@@ -338,7 +316,7 @@ class FanoutHub:
 
     @property
     def clients(self) -> int:
-        """Inboxes of every session's clients: none once every stream closed."""
+        """Clients of every session: none once every stream closed."""
         return sum(fanout.clients for fanout in self._sessions.values())
 
     def drain(self) -> None:
@@ -348,62 +326,80 @@ class FanoutHub:
             fanout.broadcast_drain()
 
     async def follow(self, session_id: str, after: int) -> AsyncGenerator[list[Live], None]:
+        """The items of `follow_frames`, without their encodings."""
+        async with contextlib.aclosing(self.follow_frames(session_id, after)) as batches:
+            async for batch in batches:
+                yield [cast(Live, frame.item) for frame in batch]
+
+    async def follow_frames(
+        self, session_id: str, after: int, sink: DirectSink | None = None
+    ) -> AsyncGenerator[list[Frame], None]:
         """Facts with seq > after in order (backlog, then live), interleaved
         with the owner's partials once the backlog is out, in batches: all a
-        client has pending goes out in one write. Ends after DRAIN, or when
-        the ledger stream ends."""
+        client has pending goes out in one write. Ends after DRAIN (the last
+        frame's item), or when the ledger stream ends.
+
+        With a `sink`, whatever comes while the caller waits for the next
+        batch with nothing pending may be written to the sink instead
+        (see `Client.offer`): the caller must have written every batch it
+        was given before it asks for the next one."""
         fanout = self._sessions.get(session_id)
         if fanout is None:
             fanout = self._sessions[session_id] = SessionFanout(self, session_id)
-        inbox = fanout.join()
-        cursor = after
-        shown = _Shown()
+        client = fanout.join(after, sink)
+        shown = client.shown
         try:
             if self.draining:
-                yield [DRAIN]
+                yield [Frame(DRAIN, self.codec)]
                 return
-            async for page in _catch_up_facts(self.ledger, session_id, cursor):
+            async for page in _catch_up_facts(self.ledger, session_id, client.cursor):
                 shown.note_all(page)
-                yield list(page)
-                cursor = page[-1].seq
-            if await fanout.subscribed_after() > cursor:
+                client.cursor = page[-1].seq
+                yield self._frames(page)
+            if await fanout.subscribed_after() > client.cursor:
                 # Committed between this client's read and the subscription's.
-                async for page in _catch_up_facts(self.ledger, session_id, cursor):
+                async for page in _catch_up_facts(self.ledger, session_id, client.cursor):
                     shown.note_all(page)
-                    yield list(page)
-                    cursor = page[-1].seq
+                    client.cursor = page[-1].seq
+                    yield self._frames(page)
             if fanout.status.state != "idle" and not shown.outdated(fanout.status):
                 # Whoever works on the session now, as far as this edge knows.
-                yield [fanout.status]
+                yield [Frame(fanout.status, self.codec)]
             while True:
-                batch: list[Live] = []
-                for item in await inbox.take_all():
-                    if item is _CLOSED or item is DRAIN:
-                        if item is DRAIN:
-                            batch.append(DRAIN)
+                batch: list[Frame] = []
+                for entry in await client.take_all():
+                    if entry is _CLOSED or entry is DRAIN:
+                        if entry is DRAIN:
+                            batch.append(Frame(DRAIN, self.codec))
                         if batch:
                             yield batch
                         return
+                    assert isinstance(entry, Frame)
+                    item = entry.item
                     if isinstance(item, (Partial, StatusChange)):
                         if not shown.outdated(item):
-                            batch.append(item)
+                            batch.append(entry)
                         continue
                     assert isinstance(item, CommittedFact)
-                    if item.seq > cursor + 1:
+                    if item.seq > client.cursor + 1:
                         # Facts this client missed: read them (and this one) back.
-                        async for page in _catch_up_facts(self.ledger, session_id, cursor):
+                        async for page in _catch_up_facts(self.ledger, session_id, client.cursor):
                             shown.note_all(page)
-                            batch.extend(page)
-                            cursor = page[-1].seq
-                    if item.seq <= cursor:
+                            batch.extend(self._frames(page))
+                            client.cursor = page[-1].seq
+                    if item.seq <= client.cursor:
                         continue
                     shown.note(item)
-                    batch.append(item)
-                    cursor = item.seq
+                    batch.append(entry)
+                    client.cursor = item.seq
                 if batch:
                     yield batch
         finally:
-            fanout.leave(inbox)
+            fanout.leave(client)
+
+    def _frames(self, facts: list[CommittedFact]) -> list[Frame]:
+        """A client's own facts (its backlog, a gap): frames of its own."""
+        return [Frame(fact, self.codec) for fact in facts]
 
 
 async def _catch_up_facts(
@@ -417,45 +413,3 @@ async def _catch_up_facts(
             cursor = page[-1].seq
         if not page or cursor >= head:
             return
-
-
-class _Shown:
-    """What one client has been sent that later partials must agree with.
-
-    The generations whose assistant fact it has (the latest few): a delta of
-    such a generation, late on the runner's stream or replayed to a client
-    that joined after the answer, would start a preview that no fact ever
-    ends. And the newest epoch whose epoch_started it has: a delta or status
-    of an older epoch comes from an owner that was taken over (the watch of
-    it ends, but what it relayed meanwhile is still queued), and would show a
-    superseded attempt as running after its successor began.
-    """
-
-    __slots__ = ("_epoch", "_ids")
-
-    def __init__(self) -> None:
-        self._ids: dict[str, None] = {}
-        self._epoch = 0
-
-    def outdated(self, item: Partial | StatusChange) -> bool:
-        if isinstance(item, Partial):
-            return item.epoch < self._epoch or item.generation_id in self._ids
-        # An idle status (epoch 0) is the edge's own: the watch ended.
-        return 0 < item.epoch < self._epoch
-
-    def note(self, fact: CommittedFact) -> None:
-        if fact.kind == "epoch_started":
-            self._epoch = max(self._epoch, _Attempt.of(fact).epoch)
-            return
-        if fact.kind != "assistant":
-            return
-        generation_id = fact.data.get("generationId")
-        if isinstance(generation_id, str) and generation_id not in self._ids:
-            self._ids[generation_id] = None
-            if len(self._ids) > ANSWERED_GENERATIONS:
-                del self._ids[next(iter(self._ids))]
-
-    def note_all(self, facts: list[CommittedFact]) -> None:
-        for fact in facts:
-            if fact.kind in ("assistant", "epoch_started"):
-                self.note(fact)

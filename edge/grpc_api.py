@@ -15,7 +15,9 @@ UNAVAILABLE also carries a RetryInfo.
 StreamEvents follows the session through the fan-out the SSE stream uses
 (edge/fanout.py): facts after `after_seq`, backlog then live, with the
 owner's partials and status changes, and a `Drain` before the stream ends
-when the edge drains.
+when the edge drains. Its messages are the fan-out's shared frames,
+serialized once for every stream of the session (edge/frames.py): the
+handler yields their bytes, which its serializer passes on as they are.
 
 The HTTP API's limits hold here too, in the same counts (edge/limits.py):
 unknown keys per client address (the peer's, from `context.peer()`), and
@@ -34,7 +36,6 @@ from __future__ import annotations
 import json
 import logging
 import urllib.parse
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -44,18 +45,14 @@ from google.protobuf.message import DecodeError
 from edge import admin_ops, approvals, inputs
 from edge.auth import Caller
 from edge.errors import BadRequest, EdgeError, from_service_error
-from edge.fanout import Drain, Live
+from edge.fanout import Drain
 from edge.gateway import DEFAULT_SESSION_PAGE, Gateway, SessionInfo
 from edge.inputs import Committed
 from edge.limits import Guards, client_address, too_large
-from edge.streams import CLIENT_STATES
 from keel.sessions.v1 import sessions_pb2 as pb
 from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
-from services.common import tracing
 from services.common.errors import KeelError, guarded, rich_status
 from services.common.serving import GrpcService
-from services.ledger import CommittedFact
-from services.runner.hub import Partial, StatusChange
 
 log = logging.getLogger("keel.edge.grpc")
 
@@ -102,62 +99,6 @@ _unary, _streaming = guarded(_abort)
 
 
 # ------------------------------------------------------------------ messages
-
-
-def fact_pb(fact: CommittedFact) -> pb.Fact:
-    return pb.Fact(
-        seq=fact.seq,
-        kind=fact.kind,
-        timestamp_ms=fact.timestamp_ms,
-        epoch=fact.epoch,
-        data_json=_json(tracing.client_data(fact.kind, fact.data)),
-    )
-
-
-def event_pb(item: Live) -> pb.StreamEventsResponse | None:
-    """One item of the fan-out as a stream event (None: not shown to clients)."""
-    if isinstance(item, CommittedFact):
-        return pb.StreamEventsResponse(fact=fact_pb(item))
-    if isinstance(item, Partial):
-        delta = pb.Delta(
-            generation_id=item.generation_id,
-            epoch=item.epoch,
-            attempt_id=item.attempt_id,
-            channel=item.channel,
-            text=item.text,
-            tool_call_id=item.tool_call_id,
-            tool_name=item.tool_name,
-        )
-        return pb.StreamEventsResponse(delta=delta)
-    if isinstance(item, StatusChange) and item.state in CLIENT_STATES:
-        return pb.StreamEventsResponse(status=pb.Status(state=item.state, epoch=item.epoch))
-    return None
-
-
-class _ConvertedOnce:
-    """The message of a broadcast item, built once for all its streams.
-
-    The fan-out hands the same object to every client of a session (as for
-    SSE, edge/streams.py): keyed on the object, held so its id cannot be
-    reused, a fact's JSON is encoded once however many clients follow it.
-    """
-
-    def __init__(self, size: int = 256) -> None:
-        self._size = size
-        self._cache: OrderedDict[int, tuple[object, pb.StreamEventsResponse | None]] = OrderedDict()
-
-    def __call__(self, item: Live) -> pb.StreamEventsResponse | None:
-        hit = self._cache.get(id(item))
-        if hit is not None and hit[0] is item:
-            return hit[1]
-        message = event_pb(item)
-        self._cache[id(item)] = (item, message)
-        if len(self._cache) > self._size:
-            self._cache.popitem(last=False)
-        return message
-
-
-convert_once = _ConvertedOnce()
 
 
 def _session_pb(info: SessionInfo) -> pb.GetSessionResponse:
@@ -302,9 +243,9 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         return pb.DecideApprovalResponse(seq=decided.seq, by=decided.by)
 
     @_streaming
-    async def StreamEvents(
+    async def StreamEvents(  # type: ignore[override]  # also yields serialized messages
         self, request: pb.StreamEventsRequest, context: Any
-    ) -> AsyncIterator[pb.StreamEventsResponse]:
+    ) -> AsyncIterator[pb.StreamEventsResponse | bytes]:
         caller, session_id = await self._session(context, request.session_id)
         # Counted with the SSE streams, before the ledger is asked anything.
         slot = self._guards.streams.acquire(caller)
@@ -313,14 +254,14 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             # Headers now, as HTTP's 200: the caller knows the stream is
             # accepted before the session has anything to send.
             await context.send_initial_metadata(())
-            follow = self._gateway.fanout.follow(session_id, request.after_seq)
+            follow = self._gateway.fanout.follow_frames(session_id, request.after_seq)
             try:
                 async for batch in follow:
-                    for item in batch:
-                        event = convert_once(item)
+                    for frame in batch:
+                        event = frame.grpc
                         if event is not None:
                             yield event
-                    if isinstance(batch[-1], Drain):
+                    if isinstance(batch[-1].item, Drain):
                         retry = self._gateway.config.drain_retry_after_ms
                         yield pb.StreamEventsResponse(drain=pb.Drain(retry_after_ms=retry))
                         return
@@ -415,9 +356,7 @@ def _method_handler(servicer: SessionServicer, method: Any) -> grpc.RpcMethodHan
             async for item in bound(request, context):
                 yield item
 
-        return grpc.unary_stream_rpc_method_handler(
-            stream, response_serializer=response_type.SerializeToString
-        )
+        return grpc.unary_stream_rpc_method_handler(stream, response_serializer=_serialized)
 
     async def unary(raw: bytes, context: Any) -> Any:
         request = await _decoded(request_type, raw, limit, context, method.name)
@@ -426,6 +365,14 @@ def _method_handler(servicer: SessionServicer, method: Any) -> grpc.RpcMethodHan
     return grpc.unary_unary_rpc_method_handler(
         unary, response_serializer=response_type.SerializeToString
     )
+
+
+def _serialized(message: Any) -> bytes:
+    """A streamed message, or one serialized already (a shared frame)."""
+    if isinstance(message, bytes):
+        return message
+    data: bytes = message.SerializeToString()
+    return data
 
 
 def _add_to_server(servicer: SessionServicer, server: grpc.aio.Server) -> None:

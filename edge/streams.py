@@ -8,69 +8,43 @@ session, have no id (they are never facts), and start only once the backlog
 has been sent. When the owner changes (takeover, handoff) the stream attaches
 to the new owner by itself, prompted by the `epoch_started` fact, and gets
 every delta of that attempt from its first token (see edge/fanout.py).
+
+The events are the fan-out's shared frames (edge/frames.py), encoded once
+for all the session's clients. Once a client has caught up, the fan-out
+writes live frames straight to its connection (`DIRECT_BODY`, which the
+edge's HTTP protocol offers, edge/slow_clients.py) rather than waking this
+stream's task for each; whatever cannot go that way comes through here.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
 from collections.abc import AsyncIterator
-from typing import Any
 
 from prometheus_client import Gauge
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
 
 from edge import metrics as edge_metrics
-from edge.fanout import Drain, Live
+from edge.fanout import Drain
+from edge.fanout_clients import DirectSink
+from edge.frames import CLIENT_STATES, delta_json, fact_event, fact_json
 from edge.gateway import Gateway
 from edge.limits import StreamSlot
-from services.common import tracing
-from services.ledger import CommittedFact
-from services.runner.hub import Partial
+from edge.slow_clients import DIRECT_BODY
+
+__all__ = [
+    "CLIENT_STATES",
+    "DIRECT_BODY",
+    "LimitedEventSourceResponse",
+    "SessionStream",
+    "delta_json",
+    "fact_event",
+    "fact_json",
+]
 
 log = logging.getLogger("keel.edge.sse")
-
-# The states a client is told of (a runner's other states are its own business).
-CLIENT_STATES = frozenset({"idle", "running", "compacting"})
-
-
-def fact_event(fact: CommittedFact) -> ServerSentEvent:
-    return ServerSentEvent(
-        data=json.dumps(fact_json(fact), ensure_ascii=False, separators=(",", ":")),
-        event=fact.kind,
-        id=str(fact.seq),
-    )
-
-
-def fact_json(fact: CommittedFact) -> dict[str, Any]:
-    return {
-        "seq": fact.seq,
-        "kind": fact.kind,
-        "timestamp": fact.timestamp_ms,
-        "epoch": fact.epoch,
-        "data": tracing.client_data(fact.kind, fact.data),
-    }
-
-
-def delta_json(partial: Partial) -> dict[str, Any]:
-    """A partial as a client sees it. (generationId, epoch, attemptId) names
-    one attempt's stream of a generation: a retried attempt reuses the
-    generation id, so a client starts a new preview when any of the three
-    changes. A tool-call fragment names its call, since parallel calls
-    stream interleaved."""
-    payload: dict[str, Any] = {
-        "generationId": partial.generation_id,
-        "epoch": partial.epoch,
-        "attemptId": partial.attempt_id,
-        "channel": partial.channel,
-        "text": partial.text,
-    }
-    if partial.channel == "tool_call":
-        payload["toolCallId"] = partial.tool_call_id
-        payload["toolName"] = partial.tool_name
-    return payload
 
 
 class SessionStream:
@@ -87,17 +61,20 @@ class SessionStream:
         self._session_id = session_id
         self._after = after
         self._clients = clients
+        # The connection, for the fan-out to write live frames to (set by
+        # the response once it knows its request).
+        self.sink: DirectSink | None = None
 
     async def events(self) -> AsyncIterator[bytes]:
-        follow = self._gateway.fanout.follow(self._session_id, self._after)
+        follow = self._gateway.fanout.follow_frames(self._session_id, self._after, self.sink)
         if self._clients is not None:
             self._clients.inc()
         edge_metrics.sse_client_opened()
         try:
             async for batch in follow:
-                events = [encoded for encoded in map(encode_once, batch) if encoded is not None]
+                events = [encoded for encoded in (frame.sse for frame in batch) if encoded]
                 chunk, frames = b"".join(events), len(events)
-                if isinstance(batch[-1], Drain):
+                if isinstance(batch[-1].item, Drain):
                     retry = self._gateway.config.drain_retry_after_ms
                     chunk += ServerSentEvent(
                         data=json.dumps({"retry_after_ms": retry}), event="drain"
@@ -124,53 +101,14 @@ class LimitedEventSourceResponse(EventSourceResponse):
             ping=ping_s,
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
+        self._stream = stream
         self._slot = slot
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
+            sink = scope.get("extensions", {}).get(DIRECT_BODY, {}).get("sink")
+            if isinstance(sink, DirectSink):
+                self._stream.sink = sink
             await super().__call__(scope, receive, send)
         finally:
             self._slot.release()
-
-
-class _EncodedOnce:
-    """The wire bytes of a broadcast item, computed once for all its clients.
-
-    The fan-out hands the same object to every client of a session; keying on
-    the object (held, so its id cannot be reused) avoids serializing a fact
-    a thousand times for a thousand tabs.
-    """
-
-    def __init__(self, size: int = 256) -> None:
-        self._size = size
-        self._cache: OrderedDict[int, tuple[object, bytes | None]] = OrderedDict()
-
-    def __call__(self, item: Live) -> bytes | None:
-        key = id(item)
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] is item:
-            return hit[1]
-        event = _to_event(item)
-        encoded = event.encode() if event is not None else None
-        self._cache[key] = (item, encoded)
-        if len(self._cache) > self._size:
-            self._cache.popitem(last=False)
-        return encoded
-
-
-encode_once = _EncodedOnce()
-
-
-def _to_event(item: Live) -> ServerSentEvent | None:
-    if isinstance(item, Drain):
-        return None
-    if isinstance(item, CommittedFact):
-        return fact_event(item)
-    if isinstance(item, Partial):
-        return ServerSentEvent(data=json.dumps(delta_json(item)), event="delta")
-    if item.state in CLIENT_STATES:
-        payload_status: dict[str, Any] = {"state": item.state}
-        if item.epoch:
-            payload_status["epoch"] = item.epoch
-        return ServerSentEvent(data=json.dumps(payload_status), event="status")
-    return None
