@@ -35,6 +35,7 @@ from psycopg import sql
 from kernel.client import KernelClient
 from kernel.config import KernelConfig
 from kernel.server import KernelServer
+from services.common import event_loop
 from services.common.config import DEFAULT_LEASE_MS, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -206,7 +207,7 @@ async def _measure(database_url: str | None) -> dict[str, float]:
 
 def measure(database_url: str | None = None) -> dict[str, float]:
     """Runs the kernel benchmark; cleans up its schema or directory."""
-    return asyncio.run(_measure(database_url))
+    return event_loop.run(_measure(database_url))
 
 
 if __name__ == "__main__":

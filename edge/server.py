@@ -10,10 +10,9 @@ heads (edge/slow_clients.py); X-Forwarded-For is believed only from the
 proxies `ClientLimits.trusted_proxies` names (uvicorn would otherwise believe
 it from loopback, where anyone could use it to dodge the per-address limit).
 
-A process serving the edge runs its event loop on uvloop (`run_serving_loop`):
-measured with `keel bench e2e`, it lowers input -> final frame and the
-1000-client broadcast, and grpc.aio (the public API, and every internal
-service in the same `keel up` process) runs on it as on asyncio's loop.
+A process serving the edge runs its event loop on uvloop
+(services/common/event_loop.py): measured with `keel bench e2e`, it lowers
+input -> final frame and the 1000-client broadcast.
 
 An edge records itself under the data dir (services/common/runtime_records.py)
 so `keel drain --local` can find it; once such a drain has finished, a
@@ -26,12 +25,10 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import uvicorn
-import uvloop
 
 from edge.app import create_app
 from edge.gateway import EdgeConfig, Gateway
@@ -45,12 +42,6 @@ from services.common.serving import RunningServer, serve_services
 
 log = logging.getLogger("keel.edge")
 T = TypeVar("T")
-
-
-def run_serving_loop(main: Coroutine[Any, Any, T]) -> T:
-    """Runs `main` (a process serving the edge: `keel edge`, `keel up`) to
-    its end on a new uvloop event loop, as `asyncio.run` would on asyncio's."""
-    return uvloop.run(main)
 
 
 class EdgeServer:

@@ -15,6 +15,7 @@ PostgreSQL does not make atomic across sessions).
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
 import threading
@@ -29,6 +30,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
+from services.common import hops
 from services.common.config import Settings
 from services.common.errors import DatabaseUnavailable, ServiceUnavailable
 from services.common.pg_pool import OutageGate, answers, heal_quickly
@@ -174,24 +176,40 @@ def _advisory_key(schema: str) -> int:
     return zlib.crc32(f"keel-kernel-schema:{schema}".encode()) & 0x7FFFFFFF
 
 
+@functools.lru_cache(maxsize=512)
+def _writes(query: str) -> bool:
+    """Whether a statement may write: anything but a plain read (SELECT,
+    locking or not). Queries are a few hundred fixed texts, hence the cache."""
+    return not query.lstrip().upper().startswith("SELECT")
+
+
 class Tx:
     """One open transaction: run statements, read rows."""
 
     def __init__(self, cursor: Any, translate: Callable[[str], str]) -> None:
         self._cursor = cursor
         self._translate = translate
+        # Whether a statement changed a row: only those transactions count
+        # as commits (services/common/hops.py). A claim that found nothing, a
+        # sweep or prune with nothing to do commit nothing a disk must keep.
+        self.wrote = False
+
+    def _run(self, query: str, params: Sequence[Any]) -> None:
+        self._cursor.execute(self._translate(query), tuple(params))
+        if not self.wrote and _writes(query):
+            self.wrote = self._cursor.rowcount > 0
 
     def rows(self, query: str, params: Sequence[Any] = ()) -> list[Row]:
-        self._cursor.execute(self._translate(query), tuple(params))
+        self._run(query, params)
         return [tuple(r) for r in self._cursor.fetchall()]
 
     def one(self, query: str, params: Sequence[Any] = ()) -> Row | None:
-        self._cursor.execute(self._translate(query), tuple(params))
+        self._run(query, params)
         row = self._cursor.fetchone()
         return None if row is None else tuple(row)
 
     def execute(self, query: str, params: Sequence[Any] = ()) -> int:
-        self._cursor.execute(self._translate(query), tuple(params))
+        self._run(query, params)
         return int(self._cursor.rowcount)
 
 
@@ -324,7 +342,8 @@ class Database:
         self._gate.check()
         try:
             with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cursor:
-                result = work(Tx(cursor, self._translate))
+                tx = Tx(cursor, self._translate)
+                result = work(tx)
         except (
             pg_errors.DeadlockDetected,
             pg_errors.SerializationFailure,
@@ -342,17 +361,22 @@ class Database:
             self._gate.released()
             raise
         self._gate.succeeded()
+        if tx.wrote:
+            hops.committed("kernel")
         return result
 
     def _run_sqlite(self, work: Callable[[Tx], T], write: bool) -> T:
         with self._sqlite_connection() as conn:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            tx = Tx(conn.cursor(), self._translate)
             try:
-                result = work(Tx(conn.cursor(), self._translate))
+                result = work(tx)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            if tx.wrote:
+                hops.committed("kernel")
             return result
 
     @contextmanager

@@ -25,7 +25,7 @@ import typer
 from services.cli.admin import Edge, keys_app, loadout_app, tenants_app
 from services.cli.data_dir import PRIVATE_UMASK
 from services.cli.discovery import USAGE_EXIT, fail, require_key, resolve_url
-from services.common import telemetry
+from services.common import event_loop, telemetry
 from services.common.config import Settings
 from services.common.heap import settle_heap
 from services.common.metrics_endpoint import METRICS_HOST_ENV, MetricsEndpoint
@@ -146,7 +146,7 @@ def _serve(
         raise
     settle_heap()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_until_signalled(main))
+        event_loop.run(_until_signalled(main))
 
 
 @app.command()
@@ -359,7 +359,7 @@ def up(
     )
     settle_heap()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main_coro)
+        event_loop.run(main_coro)
 
 
 BaseUrl = Annotated[
@@ -600,6 +600,59 @@ def bench_turns(
     from bench.turns import measure
 
     _print_json(measure(database_url, sessions, turns), as_json)
+
+
+@bench_app.command(
+    "profile", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+def bench_profile(
+    ctx: typer.Context,
+    benchmark: Annotated[str, typer.Argument(help="the benchmark: turns, ledger, e2e, …")],
+    tool: Annotated[str, typer.Option(help="py-spy or cprofile")] = "py-spy",
+    rate: Annotated[int, typer.Option(min=1, help="py-spy samples per second")] = 250,
+    gil: Annotated[bool, typer.Option(help="py-spy: only threads holding the GIL")] = True,
+    native: Annotated[bool, typer.Option(help="py-spy: C and Cython frames too")] = True,
+    top: Annotated[int, typer.Option(min=1, help="functions listed")] = 25,
+    raw: Annotated[
+        Path | None, typer.Option(help="keep py-spy's collapsed stacks in this file")
+    ] = None,
+) -> None:
+    """Runs a benchmark under py-spy (or cProfile): CPU by component, top functions.
+    Options after the benchmark's name that are not these go to the benchmark
+    (e.g. `keel bench profile turns --sessions 1 --turns 100`); see bench/profile.py."""
+    from bench.profile import Options, profile
+
+    options = Options(tool=tool, rate=rate, gil=gil, native=native, top=top, raw=raw)
+    print(profile(benchmark, ctx.args, options))
+
+
+@bench_app.command("timeline")
+def bench_timeline(
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+    turns: Annotated[int, typer.Option(min=2, help="turns of the one session")] = 200,
+) -> None:
+    """Where one turn's wall-clock time goes: each step's median offset (bench/timeline.py)."""
+    from bench.timeline import measure, render
+
+    result = measure(database_url, turns)
+    if as_json:
+        _print_json(result, as_json)
+    else:
+        print(render(result))
+
+
+@bench_app.command("rebuild")
+def bench_rebuild(
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+    facts: Annotated[int, typer.Option(min=2, help="facts in the session")] = 10_000,
+    runs: Annotated[int, typer.Option(min=3, help="measured rebuilds")] = 5,
+) -> None:
+    """A successor's cold rebuild of a long session: ledger Read of it all + model context."""
+    from bench.rebuild import measure
+
+    _print_json(measure(database_url, facts, runs), as_json)
 
 
 @bench_app.command("e2e")

@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
 from opentelemetry.instrumentation.grpc import filters as otel_filters
 
+from services.common import hops
 from services.common.config import DEFAULT_GRPC_MAX_MESSAGE_BYTES, Settings
 from services.common.internal_auth import (
     TokenServerInterceptor,
@@ -32,7 +33,15 @@ from services.common.internal_auth import (
 
 log = logging.getLogger("keel.serving")
 
-STREAMING_METHODS = ("Subscribe", "WatchSession", "Attach", "Watch", "StreamEvents")
+STREAMING_METHODS = (
+    "Subscribe",
+    "WatchSession",
+    "Attach",
+    "Watch",
+    "StreamEvents",
+    "AppendStream",
+    "LeaseStream",
+)
 # The default; `Settings.grpc_max_message_bytes` (KEEL_GRPC_MAX_MESSAGE_BYTES)
 # sets it. Large enough for a batch of facts; the ledger refuses a fact over
 # its own limit by name (FACT_TOO_LARGE) before this one is reached, and a
@@ -107,6 +116,29 @@ def message_size_options(settings: Settings) -> list[tuple[str, Any]]:
     return [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
 
 
+class CallCounter(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Counts every RPC a server receives, by method (services/common/hops.py).
+
+    Once per call, whether unary or streaming: a stream's own messages are
+    counted by its servicer, which alone knows what a message is worth."""
+
+    def __init__(self) -> None:
+        # "/pkg.Service/Method" -> "pkg.Service/Method", sliced once per name.
+        self._names: dict[str, str] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
+        method = handler_call_details.method
+        name = self._names.get(method)
+        if name is None:
+            name = self._names.setdefault(method, method.lstrip("/"))
+        hops.called(name)
+        return await continuation(handler_call_details)
+
+
 def _traced_methods() -> Any:
     # Long-lived streams are not traced: a span per subscription says nothing,
     # and the instrumentation cannot detach its context when a client cancels.
@@ -128,6 +160,8 @@ async def serve_services(
     # First, so a refused call is never traced nor reaches anything else.
     if settings.internal_token and not public:
         interceptors.insert(0, TokenServerInterceptor(settings.internal_token))
+    # Before all: a call refused by the token check was still received.
+    interceptors.insert(0, CallCounter())
     # Read before anything starts: a half-configured TLS fails here, whole.
     material = None if public else tls_material(settings)
     options = [*SERVER_OPTIONS, *message_size_options(settings)]
