@@ -91,11 +91,18 @@ class SseClient:
 
 
 def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
+    """User + system CPU seconds of process `pid` and its live children so
+    far (Linux /proc): with `keel up --processes`, every service's."""
     with open(f"/proc/{pid}/stat") as stat:
         # The fields after the command name, which may itself hold spaces.
         fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as listing:
+            children = [int(child) for child in listing.read().split()]
+    except OSError:
+        children = []
+    return own + sum(process_cpu_s(child) for child in children)
 
 
 def _free_ports(count: int) -> list[int]:
@@ -110,7 +117,9 @@ def _free_ports(count: int) -> list[int]:
             probe.close()
 
 
-def _start_keel(url: str, schema: str, port: int, grpc_port: int) -> subprocess.Popen[str]:
+def _start_keel(
+    url: str, schema: str, port: int, grpc_port: int, processes: bool
+) -> subprocess.Popen[str]:
     """`keel up` on PostgreSQL as its own process: the edge under test."""
     env = dict(os.environ)
     env.update(
@@ -139,6 +148,7 @@ def _start_keel(url: str, schema: str, port: int, grpc_port: int) -> subprocess.
             str(port),
             "--grpc-port",
             str(grpc_port),
+            *(["--processes"] if processes else []),
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -352,14 +362,18 @@ def measure(
     clients: int = 1000,
     facts: int = 10,
     transport: str = "both",
+    processes: bool = False,
 ) -> dict[str, Any]:
     transports = transports_of(transport)
     url = database_url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL
     schema = f"keel_bench_{uuid.uuid4().hex[:8]}"
     port, grpc_port = _free_ports(2)
-    proc = _start_keel(url, schema, port, grpc_port)
+    proc = _start_keel(url, schema, port, grpc_port, processes)
     try:
-        return asyncio.run(_run(proc.pid, port, grpc_port, turns, clients, facts, transports))
+        result = asyncio.run(_run(proc.pid, port, grpc_port, turns, clients, facts, transports))
+        if processes:
+            result["edge"] = "keel up --processes on PostgreSQL; clients in another process"
+        return result
     finally:
         proc.terminate()
         try:

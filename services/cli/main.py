@@ -662,13 +662,16 @@ def bench_e2e(
     transport: Annotated[
         str, typer.Option("--transport", help="front door to time: http, grpc or both")
     ] = "both",
+    processes: Annotated[
+        bool, typer.Option("--processes", help="keel up --processes: a process per service")
+    ] = False,
 ) -> None:
     """Input -> final answer through each front door; 1000 SSE clients on one edge."""
     from bench.e2e import TRANSPORTS, measure
 
     if transport != "both" and transport not in TRANSPORTS:
         raise typer.BadParameter("http, grpc or both", param_hint="--transport")
-    _print_json(measure(database_url, transport=transport), as_json)
+    _print_json(measure(database_url, transport=transport, processes=processes), as_json)
 
 
 @bench_app.command("drain")
