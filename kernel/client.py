@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from keel.kernel.v1 import kernel_pb2 as pb
@@ -29,6 +30,11 @@ from kernel.codec import (
 from kernel.domain import DrainMode, FailureKind, FinishResult, Lease, LeaseInfo
 from kernel.errors import InvalidArgument, KernelError, UnknownRuntime
 from kernel.handoffs import HandoffNote
+from kernel.lease_stream_client import (
+    LeaseStreamClient,
+    StreamBroken,
+    StreamLink,
+)
 from kernel.registry import HandoffInfo, RuntimeInfo
 from kernel.tenancy import ApiKeyGrant, ApiKeyInfo, Loadout, Revocation, TenantInfo
 from services.common.config import Settings
@@ -38,6 +44,10 @@ from services.common.serving import open_channel
 
 # Extra time a long-polling claim gets beyond its wait before it is abandoned.
 _CLAIM_GRACE_S = 30.0
+# A renewal whose stream broke is sent again on a new one, about as the
+# channel's retry policy resends an idempotent RPC (services.common.rpc).
+_RENEW_ATTEMPTS = 5
+_RENEW_RETRY_FIRST_S = 0.1
 # Re-attach delays after a broken stream: quick at first, then at most 2 s.
 _REATTACH_FIRST_S = 0.05
 _REATTACH_MAX_S = 2.0
@@ -58,6 +68,17 @@ _IDEMPOTENT_METHODS = (
 )
 
 R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A granted lease and the loadout its attempt runs."""
+
+    lease: Lease
+    # The tenant's latest loadout when the lease was granted; None when the
+    # kernel could not say (no such tenant, or a kernel that predates it):
+    # GetLoadout then tells.
+    loadout: Loadout | None
 
 
 class Attachment:
@@ -154,11 +175,13 @@ class KernelClient:
         )
         self._stub = pb_grpc.KernelServiceStub(self._channel)
         self._attachments: list[Attachment] = []
+        self._leases = LeaseStreamClient(self._stub)
 
     async def close(self) -> None:
         for attachment in self._attachments:
             await attachment.close()
         self._attachments.clear()
+        await self._leases.close()
         await self._channel.close(None)
 
     async def __aenter__(self) -> KernelClient:
@@ -248,19 +271,64 @@ class KernelClient:
         return [handoff_from_pb(h) for h in response.handoffs]
 
     # -- leases --
+    # Claim, renew, finish and release ride one LeaseStream per client (see
+    # kernel.lease_stream_client): a message each, not a call. The unary
+    # RPCs stay for other callers, and for a kernel older than LeaseStream
+    # (the client falls back to them).
 
     async def claim(self, runtime_id: str, wait_ms: int = 0) -> Lease | None:
         """A lease on a runnable session, or None if none came within wait_ms."""
-        request = pb.ClaimRequest(runtime_id=runtime_id, wait_ms=wait_ms)
-        timeout = max(wait_ms, 0) / 1000 + _CLAIM_GRACE_S
-        response = await unary(self._stub.Claim(request, timeout=timeout), KernelError)
+        response, _ = await self._claim(runtime_id, wait_ms, with_loadout=False)
         return lease_from_pb(response.lease) if response.HasField("lease") else None
+
+    async def claim_with_loadout(self, runtime_id: str, wait_ms: int = 0) -> Claim | None:
+        """`claim`, with the tenant's latest loadout found in the same step
+        (no GetLoadout needed); None if nothing came within wait_ms."""
+        response, link = await self._claim(runtime_id, wait_ms, with_loadout=True)
+        if not response.HasField("lease"):
+            return None
+        lease = lease_from_pb(response.lease)
+        if not response.HasField("loadout"):
+            return Claim(lease, None)
+        revision = response.loadout.revision
+        document = response.loadout.document_json
+        if not document:
+            # Sent earlier on this stream (kernel.lease_stream_server).
+            sent_revision, sent = (link.loadouts if link else {}).get(lease.tenant_id, (-1, ""))
+            document = sent if sent_revision == revision else ""
+        if not document:
+            # Cannot happen with a kernel that keeps the stream's rule; if
+            # it does, ask for exactly the revision the claim found.
+            return Claim(lease, await self.get_loadout(lease.tenant_id, revision))
+        return Claim(lease, Loadout(lease.tenant_id, revision, json.loads(document)))
+
+    async def _claim(
+        self, runtime_id: str, wait_ms: int, with_loadout: bool
+    ) -> tuple[pb.ClaimResponse, StreamLink | None]:
+        request = pb.ClaimRequest(runtime_id=runtime_id, wait_ms=wait_ms, with_loadout=with_loadout)
+        # A claim unanswered this long is withdrawn (the kernel hands back a
+        # lease it took) and raises ServiceUnavailable, as the RPC's deadline.
+        timeout = max(wait_ms, 0) / 1000 + _CLAIM_GRACE_S
+        answer, link = await self._leases.call(pb.LeaseStreamRequest(claim=request), timeout)
+        return answer.claim, link
 
     async def renew(self, session_id: str, epoch: int, runtime_id: str) -> int:
         """Extends the lease; returns the new expires_at_ms."""
         request = pb.RenewRequest(session_id=session_id, epoch=epoch, runtime_id=runtime_id)
-        response = await unary(self._stub.Renew(request), KernelError)
-        return response.expires_at_ms
+        delay = _RENEW_RETRY_FIRST_S
+        for _ in range(_RENEW_ATTEMPTS - 1):
+            try:
+                return await self._renew_once(request)
+            except StreamBroken:
+                # A renewal is safe to send twice: sent again on a new stream
+                # (maybe to another replica), as the RPC's retry policy does.
+                await asyncio.sleep(delay)
+                delay *= 2
+        return await self._renew_once(request)
+
+    async def _renew_once(self, request: pb.RenewRequest) -> int:
+        answer, _ = await self._leases.call(pb.LeaseStreamRequest(renew=request))
+        return answer.renew.expires_at_ms
 
     async def release(
         self, session_id: str, epoch: int, runtime_id: str, handoff: HandoffNote | None = None
@@ -274,7 +342,7 @@ class KernelClient:
                     in_flight=handoff.in_flight, loadout_revision=handoff.loadout_revision
                 )
             )
-        await unary(self._stub.Release(request), KernelError)
+        await self._leases.call(pb.LeaseStreamRequest(release=request))
 
     async def finish(
         self,
@@ -300,8 +368,8 @@ class KernelClient:
             failure=FAILURE_TO_PB[kind] if failed else pb.FAILURE_KIND_UNSPECIFIED,
             retry_after_ms=max(0, retry_after_ms) if failed else 0,
         )
-        response = await unary(self._stub.Finish(request), KernelError)
-        return finish_result_from_pb(response)
+        answer, _ = await self._leases.call(pb.LeaseStreamRequest(finish=request))
+        return finish_result_from_pb(answer.finish)
 
     async def enqueue(
         self, session_id: str, tenant_id: str, input_seq: int = 0, unpark: bool = False

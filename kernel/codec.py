@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from keel.kernel.v1 import kernel_pb2 as pb
 from kernel.domain import DrainMode, FailureKind, FinishResult, Lease, LeaseInfo
+from kernel.errors import KernelError
 from kernel.registry import HandoffInfo, RuntimeInfo
 from kernel.tenancy import ApiKeyInfo, Revocation, TenantInfo
+from services.common.errors import KeelError
+from services.common.rpc import refusal_as_error
 
 DRAIN_TO_PB: dict[DrainMode, pb.DrainMode.ValueType] = {
     DrainMode.NONE: pb.DRAIN_MODE_NONE,
@@ -200,3 +203,20 @@ def revocation_to_pb(revocation: Revocation) -> pb.WatchRevocationsResponse:
 
 def revocation_from_pb(message: pb.WatchRevocationsResponse) -> Revocation:
     return Revocation(message.revocation_id, message.key_hash)
+
+
+def lease_stream_error_to_pb(error: KeelError) -> pb.LeaseStreamError:
+    """What the unary RPC's status would say of `error`, as a stream answer."""
+    return pb.LeaseStreamError(
+        code=error.code.value[0],
+        reason=error.reason,
+        message=error.message,
+        metadata=error.metadata,
+    )
+
+
+def lease_stream_error_from_pb(message: pb.LeaseStreamError) -> KeelError:
+    """The exception the unary RPC would have raised for the same refusal."""
+    return refusal_as_error(
+        message.code, message.reason, message.message, message.metadata, KernelError
+    )

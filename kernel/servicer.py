@@ -33,14 +33,15 @@ from kernel.codec import (
     tenant_to_pb,
 )
 from kernel.config import KernelConfig
-from kernel.domain import DrainMode, FailureKind, Lease, check_id
+from kernel.domain import DrainMode, FailureKind, Lease, check_id, default_loadout
 from kernel.errors import InvalidArgument
 from kernel.expiry import Attachments
 from kernel.handoffs import HandoffNote
+from kernel.lease_stream_server import KnownLoadout, LeaseStreamSession
 from kernel.loadout_secrets import check_loadout_secrets
 from kernel.registry import Registration, RegistryStore
 from kernel.revocations import RevocationFeed
-from kernel.store import LeaseStore
+from kernel.store import Claimed, LeaseStore
 from kernel.tenancy import TenantStore, parse_document
 from kernel.waker import ClaimWaker
 from services.common.errors import stream_errors, unary_errors
@@ -108,9 +109,12 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         self._revocations = RevocationFeed(tenants)
         # Releases of leases whose claimer went away (see _claim_once).
         self._handing_back: set[asyncio.Future[None]] = set()
+        # Set on drain: LeaseStreams answer what they have read, then end.
+        self._streams_end = asyncio.Event()
 
     async def drain(self) -> None:
         self._attachments.drain()
+        self._streams_end.set()
         # Waiting claims give up at once rather than holding the shutdown.
         self._waker.wake()
         # Edges watching revocations reconnect to another replica.
@@ -193,9 +197,19 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         return pb.ListHandoffsResponse(handoffs=[handoff_to_pb(h) for h in handoffs])
 
     # -- leases --
+    # Each operation is one method that the unary RPC and LeaseStream share,
+    # so the two cannot decide differently.
 
     @unary_errors
     async def Claim(self, request: pb.ClaimRequest, context: Context) -> pb.ClaimResponse:
+        return await self.claim(request)
+
+    async def claim(
+        self, request: pb.ClaimRequest, known: KnownLoadout | None = None
+    ) -> pb.ClaimResponse:
+        """`known(tenant, revision)`: the caller already has that document
+        (a LeaseStream sent it), so the answer leaves it out. Checked last,
+        with no await after it, so a stream answers in the order it decided."""
         runtime_id = check_id(request.runtime_id, "runtime_id")
         wait_ms = _non_negative(request.wait_ms, "wait_ms")
         if wait_ms > MAX_WAIT_MS:
@@ -206,30 +220,57 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
             # Taken before asking the store: a change committed after this
             # point wakes the wait below even if it raced the query.
             woken = self._waker.current()
-            lease = await self._claim_once(runtime_id)
-            if lease is not None:
-                return pb.ClaimResponse(lease=lease_to_pb(lease))
+            claimed = await self._claim_once(runtime_id, request.with_loadout)
+            if claimed is not None:
+                return await self._claimed(claimed, known)
             remaining = deadline - loop.time()
             if remaining <= 0 or self._attachments.draining:
                 return pb.ClaimResponse()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), min(remaining, self._recheck_s))
 
-    async def _claim_once(self, runtime_id: str) -> Lease | None:
+    async def _claimed(self, claimed: Claimed, known: KnownLoadout | None) -> pb.ClaimResponse:
+        response = pb.ClaimResponse(lease=lease_to_pb(claimed.lease))
+        revision = claimed.loadout_revision
+        if revision is None:
+            return response  # not asked for, or no such tenant: GetLoadout says why
+        tenant_id = claimed.lease.tenant_id
+        document = ""
+        if known is None or not known(tenant_id, revision):
+            # Revisions are never rewritten nor deleted: this reads the very
+            # one the claim's transaction found latest (GetLoadout's 0 would
+            # mean "the latest now", which may be newer: 0 is the default).
+            if revision == 0:
+                stored = default_loadout()
+            else:
+                loadout = await asyncio.to_thread(self._tenants.get_loadout, tenant_id, revision)
+                stored = loadout.document
+            document = json.dumps(stored, ensure_ascii=False)
+            # Another answer may have sent it while this one read it: harmless.
+        response.loadout.revision = revision
+        response.loadout.document_json = document
+        return response
+
+    async def _claim_once(self, runtime_id: str, with_loadout: bool) -> Claimed | None:
         """One store claim. If the caller goes away while it runs (a client
-        deadline, a dead peer), a lease it took is handed straight back
-        instead of sitting unused until its TTL."""
-        claiming = asyncio.ensure_future(asyncio.to_thread(self._leases.claim, runtime_id))
+        deadline, a dead peer, a withdrawn stream request), a lease it took
+        is handed straight back instead of sitting unused until its TTL."""
+        claiming = asyncio.ensure_future(
+            asyncio.to_thread(self._leases.claim_with_loadout, runtime_id, with_loadout)
+        )
         try:
             return await asyncio.shield(claiming)
         except asyncio.CancelledError:
             claiming.add_done_callback(self._hand_back)
             raise
 
-    def _hand_back(self, claiming: asyncio.Future[Lease | None]) -> None:
+    def _hand_back(
+        self, claiming: asyncio.Future[Claimed | None] | asyncio.Future[Lease | None]
+    ) -> None:
         if claiming.cancelled() or claiming.exception() is not None:
             return
-        lease = claiming.result()
+        claimed = claiming.result()
+        lease = claimed.lease if isinstance(claimed, Claimed) else claimed
         if lease is None:
             return
         release = asyncio.ensure_future(
@@ -246,6 +287,9 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
 
     @unary_errors
     async def Renew(self, request: pb.RenewRequest, context: Context) -> pb.RenewResponse:
+        return await self.renew(request)
+
+    async def renew(self, request: pb.RenewRequest) -> pb.RenewResponse:
         expires = await asyncio.to_thread(
             self._leases.renew,
             check_id(request.session_id, "session_id"),
@@ -256,6 +300,9 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
 
     @unary_errors
     async def Release(self, request: pb.ReleaseRequest, context: Context) -> pb.ReleaseResponse:
+        return await self.release(request)
+
+    async def release(self, request: pb.ReleaseRequest) -> pb.ReleaseResponse:
         handoff = None
         if request.HasField("handoff"):
             handoff = HandoffNote(
@@ -275,6 +322,9 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
 
     @unary_errors
     async def Finish(self, request: pb.FinishRequest, context: Context) -> pb.FinishResponse:
+        return await self.finish(request)
+
+    async def finish(self, request: pb.FinishRequest) -> pb.FinishResponse:
         result = await asyncio.to_thread(
             self._leases.finish,
             check_id(request.session_id, "session_id"),
@@ -287,6 +337,14 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
             _non_negative(request.retry_after_ms, "retry_after_ms"),
         )
         return finish_result_to_pb(result)
+
+    async def LeaseStream(
+        self, requests: AsyncIterator[pb.LeaseStreamRequest], context: Context
+    ) -> AsyncIterator[pb.LeaseStreamResponse]:
+        # Refusals are answers on the stream (kernel.lease_stream_server),
+        # never the stream's status: one bad request ends nothing else.
+        async for answer in LeaseStreamSession(self).serve(requests, self._streams_end):
+            yield answer
 
     @unary_errors
     async def Enqueue(self, request: pb.EnqueueRequest, context: Context) -> pb.EnqueueResponse:

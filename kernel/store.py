@@ -94,6 +94,27 @@ def _params(record: SessionRecord) -> list[object]:
     return out
 
 
+@dataclass(frozen=True)
+class Claimed:
+    lease: Lease
+    # The tenant's latest loadout revision (0: none stored, the default
+    # applies); None when not asked for, or when the tenant does not exist.
+    loadout_revision: int | None = None
+
+
+def _latest_revision(tx: Tx, tenant_id: str) -> int | None:
+    # One round trip inside the claim's transaction; the primary key
+    # (tenant_id, revision) answers the MAX from its index.
+    row = tx.one(
+        "SELECT (SELECT MAX(l.revision) FROM loadouts l WHERE l.tenant_id = t.tenant_id) "
+        "FROM tenants t WHERE t.tenant_id = %s",
+        (tenant_id,),
+    )
+    if row is None:
+        return None
+    return int(row[0] or 0)
+
+
 @dataclass
 class _Refused:
     """A domain refusal, returned out of the transaction so what was already
@@ -169,11 +190,18 @@ class LeaseStore:
 
     def claim(self, runtime_id: str) -> Lease | None:
         """The oldest claimable session whose tenant has a free slot, or None."""
+        claimed = self.claim_with_loadout(runtime_id, with_loadout=False)
+        return None if claimed is None else claimed.lease
+
+    def claim_with_loadout(self, runtime_id: str, with_loadout: bool = True) -> Claimed | None:
+        """`claim`, and (`with_loadout`) the claimed tenant's latest loadout
+        revision, read in the same transaction: the claimer learns which
+        loadout to run without asking for it on its own."""
         done: list[Transition] = []
 
         passed_over: Counter[str] = Counter()
 
-        def work(tx: Tx) -> Lease | None:
+        def work(tx: Tx) -> Claimed | None:
             done.clear()
             passed_over.clear()
             now = self._clock()
@@ -203,13 +231,15 @@ class LeaseStore:
                     if record.state in (LeaseState.RELEASED, LeaseState.EXPIRED):
                         # Given back (a handoff?) or given up: this is the successor.
                         name_successor(tx, record.session_id, runtime_id)
-                    return transition.record.lease(transition.reclaimed)
+                    lease = transition.record.lease(transition.reclaimed)
+                    revision = _latest_revision(tx, record.tenant_id) if with_loadout else None
+                    return Claimed(lease, revision)
             return None
 
-        lease = self._db.run(work)
+        claimed = self._db.run(work)
         self.metrics.record(done)
         self.metrics.admission_rejected(sum(passed_over.values()))
-        return lease
+        return claimed
 
     def queue_depth(self) -> tuple[int, int]:
         """(runnable sessions nobody holds, those of them whose tenant's run

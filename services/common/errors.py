@@ -80,6 +80,15 @@ class ServiceUnavailable(KeelError):
     reason = "UNAVAILABLE"
 
 
+class Unimplemented(KeelError):
+    """The server does not have this method: an older version of the service
+    (during a rolling upgrade, say). A caller with an older way to ask may
+    fall back to it."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+    reason = "UNIMPLEMENTED"
+
+
 class DatabaseUnavailable(ServiceUnavailable):
     """The service's database cannot be reached. Every replica shares it, so
     the status tells gRPC's channel retries (services/common/rpc.py) not to
@@ -127,6 +136,8 @@ def error_from_rpc(
         return error_of_reason(err.code(), info.reason, message, info.metadata, root, by_reason)
     if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return ServiceUnavailable(message)
+    if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+        return Unimplemented(message)
     generic = root.__new__(root)
     # A bare status (a cancelled call has details "CANCELLED") is said once.
     said = message if message == err.code().name else f"{err.code().name}: {message}"

@@ -38,6 +38,7 @@ from agent_io.providers import (
 from agent_io.tools import CounterStore, ToolCatalog, builtin_tools
 from agent_io.tools.factory import SourceFactory, ToolDefaults
 from kernel import KernelClient, Lease
+from kernel.client import Claim
 from kernel.domain import FailureKind
 from services.blob_parts import BlobContent
 from services.blobs import BlobStore, blob_store
@@ -234,7 +235,9 @@ class Runtime:
         while True:
             await self._slots.acquire()
             try:
-                lease = await self.kernel.claim(self.runtime_id, wait_ms=self.config.claim_wait_ms)
+                claim = await self.kernel.claim_with_loadout(
+                    self.runtime_id, wait_ms=self.config.claim_wait_ms
+                )
             except asyncio.CancelledError:
                 self._slots.release()
                 raise
@@ -243,9 +246,10 @@ class Runtime:
                 log.exception("claim failed; retrying")
                 await asyncio.sleep(0.5)
                 continue
-            if lease is None:
+            if claim is None:
                 self._slots.release()
                 continue
+            lease = claim.lease
             if self.drain_mode != DRAIN_NONE:
                 # Granted while a drain was starting (before the kernel knew
                 # of it): handed straight back, never begun.
@@ -253,7 +257,7 @@ class Runtime:
                 await self._hand_back_unstarted(lease)
                 continue
             self._idle.clear()
-            task = asyncio.create_task(self._run(lease), name=f"attempt-{lease.session_id}")
+            task = asyncio.create_task(self._run(claim), name=f"attempt-{lease.session_id}")
             self._running[lease.session_id] = Running(task, lease)
 
     async def _hand_back_unstarted(self, lease: Lease) -> None:
@@ -262,10 +266,11 @@ class Runtime:
         except KeelError as error:
             log.warning("could not hand back %s: %s", lease.session_id, error)
 
-    async def _run(self, lease: Lease) -> None:
+    async def _run(self, claim: Claim) -> None:
+        lease = claim.lease
         granted_ns = time.time_ns()
         try:
-            await self._attempt(lease, granted_ns)
+            await self._attempt(claim, granted_ns)
         except asyncio.CancelledError:
             raise
         except Exception as error:
@@ -306,7 +311,8 @@ class Runtime:
             self._providers[key] = provider
         return provider
 
-    async def _attempt(self, lease: Lease, granted_ns: int) -> None:
+    async def _attempt(self, claim: Claim, granted_ns: int) -> None:
+        lease = claim.lease
         services = AttemptServices(
             runtime_id=self.runtime_id,
             ledger=self.ledger,
@@ -319,11 +325,18 @@ class Runtime:
             blobs=self.blobs,
             max_fact_bytes=self.settings.max_fact_bytes,
         )
-        # The transcript and the loadout are independent: fetch both at once.
-        document, history = await asyncio.gather(
-            self.kernel.get_loadout(lease.tenant_id),
-            self.fact_cache.load(lease.session_id),
-        )
+        # The claim says which loadout is the latest (the kernel read it in
+        # the claim's transaction) and brings its document when this runner
+        # has not been sent that revision yet; only a kernel that could not
+        # say leaves it to a GetLoadout, fetched alongside the transcript.
+        if claim.loadout is not None:
+            document = claim.loadout
+            history = await self.fact_cache.load(lease.session_id)
+        else:
+            document, history = await asyncio.gather(
+                self.kernel.get_loadout(lease.tenant_id),
+                self.fact_cache.load(lease.session_id),
+            )
         loadout = Loadout.from_document(document.revision, document.document)
         provider = self._provider(lease.tenant_id, loadout.model)
         # Held for the attempt: the revision's sources stay open until it ends.

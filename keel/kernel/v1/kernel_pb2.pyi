@@ -250,17 +250,23 @@ class ClaimRequest(_message.Message):
 
     RUNTIME_ID_FIELD_NUMBER: _builtins.int
     WAIT_MS_FIELD_NUMBER: _builtins.int
+    WITH_LOADOUT_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     wait_ms: _builtins.int
+    with_loadout: _builtins.bool
+    """Also say the latest loadout of the claimed session's tenant
+    (ClaimResponse.loadout), so the caller needs no GetLoadout to start.
+    """
     def __init__(
         self,
         *,
         runtime_id: _builtins.str = ...,
         wait_ms: _builtins.int = ...,
+        with_loadout: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["runtime_id", b"runtime_id", "wait_ms", b"wait_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["runtime_id", b"runtime_id", "wait_ms", b"wait_ms", "with_loadout", b"with_loadout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -271,22 +277,221 @@ class ClaimResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     LEASE_FIELD_NUMBER: _builtins.int
+    LOADOUT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def lease(self) -> Global___Lease:
         """Unset when nothing was claimable within wait_ms."""
+
+    @_builtins.property
+    def loadout(self) -> Global___ClaimedLoadout:
+        """With ClaimRequest.with_loadout: the tenant's latest loadout when the
+        lease was granted. Unset when the tenant does not exist (GetLoadout
+        says why).
+        """
 
     def __init__(
         self,
         *,
         lease: Global___Lease | None = ...,
+        loadout: Global___ClaimedLoadout | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "loadout", b"loadout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "loadout", b"loadout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClaimResponse: _TypeAlias = ClaimResponse  # noqa: Y015
+
+@_typing.final
+class ClaimedLoadout(_message.Message):
+    """The loadout a claim found latest for the claimed session's tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    DOCUMENT_JSON_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """0: the tenant never stored one (the default document applies)."""
+    document_json: _builtins.str
+    """The document (JSON object). Empty on a LeaseStream whose previous
+    loadout for this tenant had this same revision: revisions never change,
+    so the caller keeps the document that stream sent it last.
+    """
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+        document_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document_json", b"document_json", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClaimedLoadout: _TypeAlias = ClaimedLoadout  # noqa: Y015
+
+@_typing.final
+class LeaseStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    CLAIM_FIELD_NUMBER: _builtins.int
+    RENEW_FIELD_NUMBER: _builtins.int
+    FINISH_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Chosen by the caller, unique among its unanswered requests on this
+    stream; the response carries it back.
+    """
+    @_builtins.property
+    def claim(self) -> Global___ClaimRequest: ...
+    @_builtins.property
+    def renew(self) -> Global___RenewRequest: ...
+    @_builtins.property
+    def finish(self) -> Global___FinishRequest: ...
+    @_builtins.property
+    def release(self) -> Global___ReleaseRequest: ...
+    @_builtins.property
+    def cancel(self) -> Global___CancelLeaseRequest:
+        """Withdraws the unanswered request with this id (a claim whose caller
+        stopped waiting): it is not answered, and a lease it took meanwhile
+        is handed back. Too late once answered; itself never answered.
+        """
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        claim: Global___ClaimRequest | None = ...,
+        renew: Global___RenewRequest | None = ...,
+        finish: Global___FinishRequest | None = ...,
+        release: Global___ReleaseRequest | None = ...,
+        cancel: Global___CancelLeaseRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "claim", b"claim", "finish", b"finish", "operation", b"operation", "release", b"release", "renew", b"renew"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "claim", b"claim", "finish", b"finish", "id", b"id", "operation", b"operation", "release", b"release", "renew", b"renew"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_operation: _TypeAlias = _typing.Literal["claim", "renew", "finish", "release", "cancel"]  # noqa: Y015
+    _WhichOneofArgType_operation: _TypeAlias = _typing.Literal["operation", b"operation"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_operation) -> _WhichOneofReturnType_operation | None: ...
+
+Global___LeaseStreamRequest: _TypeAlias = LeaseStreamRequest  # noqa: Y015
+
+@_typing.final
+class CancelLeaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelLeaseRequest: _TypeAlias = CancelLeaseRequest  # noqa: Y015
+
+@_typing.final
+class LeaseStreamError(_message.Message):
+    """Why an operation on the stream was refused: what its unary RPC would have
+    said in its status (code, ErrorInfo reason and metadata, message).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CODE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """A google.rpc.Code value (e.g. 9 FAILED_PRECONDITION for STALE_EPOCH)."""
+    reason: _builtins.str
+    """Machine-readable, as in ErrorInfo.reason: STALE_EPOCH, LEASE_LOST, ..."""
+    message: _builtins.str
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "metadata", b"metadata", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaseStreamError: _TypeAlias = LeaseStreamError  # noqa: Y015
+
+@_typing.final
+class LeaseStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    CLAIM_FIELD_NUMBER: _builtins.int
+    RENEW_FIELD_NUMBER: _builtins.int
+    FINISH_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """The id of the request answered."""
+    @_builtins.property
+    def claim(self) -> Global___ClaimResponse: ...
+    @_builtins.property
+    def renew(self) -> Global___RenewResponse: ...
+    @_builtins.property
+    def finish(self) -> Global___FinishResponse: ...
+    @_builtins.property
+    def release(self) -> Global___ReleaseResponse: ...
+    @_builtins.property
+    def error(self) -> Global___LeaseStreamError: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        claim: Global___ClaimResponse | None = ...,
+        renew: Global___RenewResponse | None = ...,
+        finish: Global___FinishResponse | None = ...,
+        release: Global___ReleaseResponse | None = ...,
+        error: Global___LeaseStreamError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["claim", b"claim", "error", b"error", "finish", b"finish", "outcome", b"outcome", "release", b"release", "renew", b"renew"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim", b"claim", "error", b"error", "finish", b"finish", "id", b"id", "outcome", b"outcome", "release", b"release", "renew", b"renew"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["claim", "renew", "finish", "release", "error"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___LeaseStreamResponse: _TypeAlias = LeaseStreamResponse  # noqa: Y015
 
 @_typing.final
 class RenewRequest(_message.Message):

@@ -67,6 +67,11 @@ class KernelServiceStub:
                 request_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.FinishRequest.SerializeToString,
                 response_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.FinishResponse.FromString,
                 _registered_method=True)
+        self.LeaseStream = channel.stream_stream(
+                '/keel.kernel.v1.KernelService/LeaseStream',
+                request_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.LeaseStreamRequest.SerializeToString,
+                response_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.LeaseStreamResponse.FromString,
+                _registered_method=True)
         self.Enqueue = channel.unary_unary(
                 '/keel.kernel.v1.KernelService/Enqueue',
                 request_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.EnqueueRequest.SerializeToString,
@@ -188,6 +193,24 @@ class KernelServiceServicer:
 
     def Finish(self, request, context):
         """Settles an attempt; inputs above read_through put the session back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaseStream(self, request_iterator, context):
+        """Claim, Renew, Finish and Release of one runtime over one long-lived
+        stream: the hot path of a runner, one message per operation instead of
+        a call. Each request carries an id of the caller's choosing and is
+        answered once, by a response with that id. Requests are handled
+        concurrently and answered as they complete, in any order: a claim
+        long-polling for work holds up no renewal behind it. Every operation is
+        decided exactly as its unary RPC decides it; a refused one is answered
+        with a `LeaseStreamError` (what the RPC's status would have said) and
+        the stream goes on. The stream ends when the kernel drains (OK, once
+        what it has read is answered) or the connection fails; an operation not
+        answered by then may or may not have taken effect, as with a unary call
+        that failed UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -323,6 +346,11 @@ def add_KernelServiceServicer_to_server(servicer, server):
                     servicer.Finish,
                     request_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.FinishRequest.FromString,
                     response_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.FinishResponse.SerializeToString,
+            ),
+            'LeaseStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.LeaseStream,
+                    request_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.LeaseStreamRequest.FromString,
+                    response_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.LeaseStreamResponse.SerializeToString,
             ),
             'Enqueue': grpc.unary_unary_rpc_method_handler(
                     servicer.Enqueue,
@@ -565,6 +593,33 @@ class KernelService:
             '/keel.kernel.v1.KernelService/Finish',
             keel_dot_kernel_dot_v1_dot_kernel__pb2.FinishRequest.SerializeToString,
             keel_dot_kernel_dot_v1_dot_kernel__pb2.FinishResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaseStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/keel.kernel.v1.KernelService/LeaseStream',
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.LeaseStreamRequest.SerializeToString,
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.LeaseStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,20 @@ class KernelServiceStub:
     """Clean hand-back: slot returned, session claimable at once."""
     Finish: _grpc.UnaryUnaryMultiCallable[_kernel_pb2.FinishRequest, _kernel_pb2.FinishResponse]
     """Settles an attempt; inputs above read_through put the session back."""
+    LeaseStream: _grpc.StreamStreamMultiCallable[_kernel_pb2.LeaseStreamRequest, _kernel_pb2.LeaseStreamResponse]
+    """Claim, Renew, Finish and Release of one runtime over one long-lived
+    stream: the hot path of a runner, one message per operation instead of
+    a call. Each request carries an id of the caller's choosing and is
+    answered once, by a response with that id. Requests are handled
+    concurrently and answered as they complete, in any order: a claim
+    long-polling for work holds up no renewal behind it. Every operation is
+    decided exactly as its unary RPC decides it; a refused one is answered
+    with a `LeaseStreamError` (what the RPC's status would have said) and
+    the stream goes on. The stream ends when the kernel drains (OK, once
+    what it has read is answered) or the connection fails; an operation not
+    answered by then may or may not have taken effect, as with a unary call
+    that failed UNAVAILABLE.
+    """
     Enqueue: _grpc.UnaryUnaryMultiCallable[_kernel_pb2.EnqueueRequest, _kernel_pb2.EnqueueResponse]
     """Wakes a session (called after an input is committed)."""
     GetLease: _grpc.UnaryUnaryMultiCallable[_kernel_pb2.GetLeaseRequest, _kernel_pb2.GetLeaseResponse]
@@ -99,6 +113,20 @@ class KernelServiceAsyncStub(KernelServiceStub):
     """Clean hand-back: slot returned, session claimable at once."""
     Finish: _aio.UnaryUnaryMultiCallable[_kernel_pb2.FinishRequest, _kernel_pb2.FinishResponse]  # type: ignore[assignment]
     """Settles an attempt; inputs above read_through put the session back."""
+    LeaseStream: _aio.StreamStreamMultiCallable[_kernel_pb2.LeaseStreamRequest, _kernel_pb2.LeaseStreamResponse]  # type: ignore[assignment]
+    """Claim, Renew, Finish and Release of one runtime over one long-lived
+    stream: the hot path of a runner, one message per operation instead of
+    a call. Each request carries an id of the caller's choosing and is
+    answered once, by a response with that id. Requests are handled
+    concurrently and answered as they complete, in any order: a claim
+    long-polling for work holds up no renewal behind it. Every operation is
+    decided exactly as its unary RPC decides it; a refused one is answered
+    with a `LeaseStreamError` (what the RPC's status would have said) and
+    the stream goes on. The stream ends when the kernel drains (OK, once
+    what it has read is answered) or the connection fails; an operation not
+    answered by then may or may not have taken effect, as with a unary call
+    that failed UNAVAILABLE.
+    """
     Enqueue: _aio.UnaryUnaryMultiCallable[_kernel_pb2.EnqueueRequest, _kernel_pb2.EnqueueResponse]  # type: ignore[assignment]
     """Wakes a session (called after an input is committed)."""
     GetLease: _aio.UnaryUnaryMultiCallable[_kernel_pb2.GetLeaseRequest, _kernel_pb2.GetLeaseResponse]  # type: ignore[assignment]
@@ -180,6 +208,26 @@ class KernelServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_kernel_pb2.FinishResponse, _abc.Awaitable[_kernel_pb2.FinishResponse]]:
         """Settles an attempt; inputs above read_through put the session back."""
+
+    @_abc_1.abstractmethod
+    def LeaseStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_kernel_pb2.LeaseStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_kernel_pb2.LeaseStreamResponse], _abc.AsyncIterator[_kernel_pb2.LeaseStreamResponse]]:
+        """Claim, Renew, Finish and Release of one runtime over one long-lived
+        stream: the hot path of a runner, one message per operation instead of
+        a call. Each request carries an id of the caller's choosing and is
+        answered once, by a response with that id. Requests are handled
+        concurrently and answered as they complete, in any order: a claim
+        long-polling for work holds up no renewal behind it. Every operation is
+        decided exactly as its unary RPC decides it; a refused one is answered
+        with a `LeaseStreamError` (what the RPC's status would have said) and
+        the stream goes on. The stream ends when the kernel drains (OK, once
+        what it has read is answered) or the connection fails; an operation not
+        answered by then may or may not have taken effect, as with a unary call
+        that failed UNAVAILABLE.
+        """
 
     @_abc_1.abstractmethod
     def Enqueue(
