@@ -20,6 +20,7 @@ process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,7 +151,21 @@ async def concurrent_sessions(
         return meter.phase(sessions * per_session)
 
 
-def measure(database_url: str | None = None, count: int = 2000) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StandaloneLedger:
+    """A ledger process on a throwaway schema, and what a client needs."""
+
+    url: str
+    schema: str
+    target: str
+    pid: int
+    client_settings: Settings
+
+
+@contextlib.contextmanager
+def standalone_ledger(database_url: str | None) -> Iterator[StandaloneLedger]:
+    """A ledger as its own OS process, as in production, on a new schema
+    that is dropped afterwards."""
     url = database_url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL
     schema = f"keel_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(url, autocommit=True) as conn:
@@ -167,12 +183,7 @@ def measure(database_url: str | None = None, count: int = 2000) -> dict[str, Any
     env.setdefault("KEEL_DATA_DIR", tempfile.mkdtemp(prefix="keel-bench-"))
     proc, target = start_ledger(env)
     try:
-        raw = raw_insert_loop(url, schema, count)
-        single = asyncio.run(single_session(target, client_settings, count, proc.pid))
-        unary = asyncio.run(single_session(target, client_settings, count, proc.pid, unary=True))
-        concurrent = asyncio.run(
-            concurrent_sessions(target, client_settings, 64, max(count // 32, 20), proc.pid)
-        )
+        yield StandaloneLedger(url, schema, target, proc.pid, client_settings)
     finally:
         proc.kill()
         proc.wait()
@@ -180,6 +191,17 @@ def measure(database_url: str | None = None, count: int = 2000) -> dict[str, Any
             proc.stdout.close()
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+def measure(database_url: str | None = None, count: int = 2000) -> dict[str, Any]:
+    with standalone_ledger(database_url) as ledger:
+        target, pid, client_settings = ledger.target, ledger.pid, ledger.client_settings
+        raw = raw_insert_loop(ledger.url, ledger.schema, count)
+        single = asyncio.run(single_session(target, client_settings, count, pid))
+        unary = asyncio.run(single_session(target, client_settings, count, pid, unary=True))
+        concurrent = asyncio.run(
+            concurrent_sessions(target, client_settings, 64, max(count // 32, 20), pid)
+        )
     return {
         "benchmark": "ledger",
         "database": "postgresql",

@@ -30,10 +30,8 @@ import asyncio
 import json
 import os
 import random
-import secrets
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -44,7 +42,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from bench.ledger import DEFAULT_URL, start_ledger
+from bench.ledger import standalone_ledger
 from compaction.policy import (
     CompactionPlan,
     MessageEntry,
@@ -302,31 +300,9 @@ async def _run(
 def measure(
     database_url: str | None = None, facts: int = DEFAULT_FACTS, runs: int = DEFAULT_RUNS
 ) -> dict[str, Any]:
-    url = database_url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL
-    schema = f"keel_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    client_settings = Settings(internal_token=secrets.token_urlsafe(32))
-    env = dict(os.environ)
-    env.update(
-        {
-            "KEEL_DATABASE_URL": url,
-            "KEEL_PG_SCHEMA": schema,
-            "KEEL_INTERNAL_TOKEN": client_settings.internal_token,
-        }
-    )
-    env.setdefault("KEEL_DATA_DIR", tempfile.mkdtemp(prefix="keel-bench-"))
-    proc, target = start_ledger(env)
-    try:
-        figures = asyncio.run(_run(target, proc.pid, client_settings, facts, runs))
-        raw = raw_select_ms(url, schema)
-    finally:
-        proc.kill()
-        proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    with standalone_ledger(database_url) as ledger:
+        figures = asyncio.run(_run(ledger.target, ledger.pid, ledger.client_settings, facts, runs))
+        raw = raw_select_ms(ledger.url, ledger.schema)
     return {
         "benchmark": "rebuild",
         "database": "postgresql",
