@@ -27,6 +27,7 @@ from keel.kernel.v1 import kernel_pb2 as pb
 from keel.kernel.v1 import kernel_pb2_grpc as pb_grpc
 from kernel.codec import lease_stream_error_from_pb
 from kernel.errors import KernelError
+from services.common import tracing
 from services.common.errors import KeelError, ServiceUnavailable, Unimplemented
 from services.common.rpc import streaming, unary
 
@@ -191,6 +192,7 @@ class LeaseStreamClient:
     ) -> tuple[pb.LeaseStreamResponse, StreamLink]:
         link = self._current()
         request.id = next(self._ids)
+        request.traceparent = tracing.current_traceparent() or ""
         answered = link.send(request)
         try:
             if timeout_s is None:

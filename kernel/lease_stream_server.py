@@ -24,10 +24,12 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
+from opentelemetry import trace
+
 from keel.kernel.v1 import kernel_pb2 as pb
 from kernel.codec import lease_stream_error_to_pb
 from kernel.errors import InvalidArgument
-from services.common import hops
+from services.common import hops, tracing
 from services.common.errors import as_reported
 
 log = logging.getLogger("keel.kernel.lease_stream")
@@ -130,6 +132,21 @@ class LeaseStreamSession:
         return self._sent_loadouts.get(tenant_id) == revision
 
     async def _answer(self, request: pb.LeaseStreamRequest, kind: str) -> None:
+        if request.traceparent and tracing.enabled():
+            # Named as gRPC's instrumentation names the unary RPC's span,
+            # under the stream: "/keel.kernel.v1.KernelService/LeaseStream/Finish".
+            name = f"/{LEASE_STREAM}/{kind.capitalize()}"
+            with trace.get_tracer("keel.kernel").start_as_current_span(
+                name,
+                context=tracing.context_of(request.traceparent),
+                kind=trace.SpanKind.SERVER,
+                attributes={"rpc.method": "LeaseStream"},
+            ):
+                await self._decide(request, kind)
+        else:
+            await self._decide(request, kind)
+
+    async def _decide(self, request: pb.LeaseStreamRequest, kind: str) -> None:
         try:
             if kind == "claim":
                 claimed = await self._ops.claim(request.claim, self._known)

@@ -297,12 +297,17 @@ async def test_an_input_sent_over_grpc_continues_the_callers_w3c_trace(
     async with traced.http() as http:
         await _answered(http, session, sent.seq)
 
+    def sent_by_edge(span: ReceivedSpan) -> bool:
+        return span.service == "keel-edge" and span.name.endswith("SendInput")
+
     async def attempt_in_trace() -> list[ReceivedSpan] | None:
+        # Each span is exported on its exporter's schedule: wait for both.
         trace = traced.collector.trace(trace_id)
-        return trace if any(s.name == "keel.attempt" for s in trace) else None
+        attempted = any(s.name == "keel.attempt" for s in trace)
+        return trace if attempted and any(sent_by_edge(s) for s in trace) else None
 
     trace = await eventually(attempt_in_trace, "the attempt in the caller's trace", 30)
-    (send_input,) = [s for s in trace if s.service == "keel-edge" and s.name.endswith("SendInput")]
+    (send_input,) = [s for s in trace if sent_by_edge(s)]
     assert send_input.parent_span_id == caller_span
     (attempt,) = [s for s in trace if s.name == "keel.attempt"]
     assert attempt.parent_span_id == send_input.span_id

@@ -342,9 +342,14 @@ class LeaseStreamRequest(_message.Message):
     FINISH_FIELD_NUMBER: _builtins.int
     RELEASE_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """Chosen by the caller, unique among its unanswered requests on this
     stream; the response carries it back.
+    """
+    traceparent: _builtins.str
+    """The caller's W3C trace context, when it traces: the kernel's span of
+    this operation joins the caller's trace (gRPC's own spans are per call).
     """
     @_builtins.property
     def claim(self) -> Global___ClaimRequest: ...
@@ -370,10 +375,11 @@ class LeaseStreamRequest(_message.Message):
         finish: Global___FinishRequest | None = ...,
         release: Global___ReleaseRequest | None = ...,
         cancel: Global___CancelLeaseRequest | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "claim", b"claim", "finish", b"finish", "operation", b"operation", "release", b"release", "renew", b"renew"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "claim", b"claim", "finish", b"finish", "id", b"id", "operation", b"operation", "release", b"release", "renew", b"renew"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "claim", b"claim", "finish", b"finish", "id", b"id", "operation", b"operation", "release", b"release", "renew", b"renew", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_operation: _TypeAlias = _typing.Literal["claim", "renew", "finish", "release", "cancel"]  # noqa: Y015
     _WhichOneofArgType_operation: _TypeAlias = _typing.Literal["operation", b"operation"]  # noqa: Y015
