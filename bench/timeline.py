@@ -258,7 +258,7 @@ async def _run(database_url: str | None, turns: int) -> dict[str, Any]:
 
 
 def measure(database_url: str | None = None, turns: int = 200) -> dict[str, Any]:
-    return event_loop.run(_run(database_url, turns))
+    return event_loop.run(_run(database_url, turns), runs_attempts=True)
 
 
 def render(result: dict[str, Any]) -> str:

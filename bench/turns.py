@@ -129,4 +129,4 @@ def measure(
     turns: int = 10,
     window: Window = contextlib.nullcontext,
 ) -> dict[str, Any]:
-    return event_loop.run(_run(database_url, sessions, turns, window))
+    return event_loop.run(_run(database_url, sessions, turns, window), runs_attempts=True)

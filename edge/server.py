@@ -10,9 +10,8 @@ heads (edge/slow_clients.py); X-Forwarded-For is believed only from the
 proxies `ClientLimits.trusted_proxies` names (uvicorn would otherwise believe
 it from loopback, where anyone could use it to dodge the per-address limit).
 
-A process serving the edge runs its event loop on uvloop
-(services/common/event_loop.py): measured with `keel bench e2e`, it lowers
-input -> final frame and the 1000-client broadcast.
+A standalone edge (`keel edge`) runs its event loop on uvloop
+(services/common/event_loop.py says where and why).
 
 An edge records itself under the data dir (services/common/runtime_records.py)
 so `keel drain --local` can find it; once such a drain has finished, a

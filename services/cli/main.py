@@ -146,7 +146,7 @@ def _serve(
         raise
     settle_heap()
     with contextlib.suppress(KeyboardInterrupt):
-        event_loop.run(_until_signalled(main))
+        event_loop.run(_until_signalled(main), runs_attempts=service == "runner")
 
 
 @app.command()
@@ -359,7 +359,9 @@ def up(
     )
     settle_heap()
     with contextlib.suppress(KeyboardInterrupt):
-        event_loop.run(main_coro)
+        # The embedded runner runs attempts; with --processes this is only
+        # the supervisor (each child picks its own loop).
+        event_loop.run(main_coro, runs_attempts=True)
 
 
 BaseUrl = Annotated[
