@@ -17,7 +17,6 @@ from kernel import KernelServer
 from services.cli.up import bootstrap_tenant
 from services.common import telemetry
 from services.common.config import Settings
-from services.common.heap import settle_heap
 from services.ledger import LedgerServer
 from services.runner.config import RunnerConfig
 from services.runner.server import RunnerServer
@@ -80,6 +79,4 @@ async def start(
     edge = None
     if with_edge:
         edge = await EdgeServer(settings, EdgeConfig(ledger.target, kernel.target)).start()
-    # As `keel up` does once it has started (services/common/heap.py).
-    settle_heap()
     return BenchCluster(settings, ledger, kernel, runner, edge, key)

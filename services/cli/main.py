@@ -601,6 +601,8 @@ def bench_turns(
     """Input committed -> final answer committed, concurrent sessions, instant model."""
     from bench.turns import measure
 
+    # Every service runs in this process here: its heap settled as keel up's.
+    settle_heap()
     _print_json(measure(database_url, sessions, turns), as_json)
 
 
