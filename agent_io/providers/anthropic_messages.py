@@ -18,12 +18,20 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from anthropic import AnthropicError, APIConnectionError, APIStatusError, AsyncAnthropic, omit
+from anthropic import (
+    AnthropicError,
+    APIConnectionError,
+    APIStatusError,
+    AsyncAnthropic,
+    DefaultAsyncHttpxClient,
+    omit,
+)
 from anthropic.types import MessageParam, RawContentBlockDelta, RawMessageStreamEvent
 from anthropic.types.raw_content_block_start_event import ContentBlock
 
 from agent_io.providers.base import (
     RATE_LIMIT_STATUSES,
+    REDIRECT_STATUSES,
     Completed,
     ConfiguredModel,
     ContextOverflow,
@@ -34,6 +42,7 @@ from agent_io.providers.base import (
     ThinkingDelta,
     ToolCallDelta,
     Usage,
+    redirect_refused,
     retry_after_ms,
     tool_call,
 )
@@ -285,6 +294,8 @@ def _or(value: int | None, default: int) -> int:
 def provider_error(exc: AnthropicError) -> ProviderError:
     """An SDK failure as the runner's error."""
     status = exc.status_code if isinstance(exc, APIStatusError) else 0
+    if isinstance(exc, APIStatusError) and status in REDIRECT_STATUSES:
+        return redirect_refused(status, exc.response.headers.get("location"))
     # An error event inside an accepted stream has the response's status (200).
     status = status if status >= 400 else 0
     message = str(exc)
@@ -325,6 +336,9 @@ class AnthropicMessages(ConfiguredModel):
             base_url=base_url or OFFICIAL_BASE_URL["anthropic"],
             max_retries=0,
             timeout=timeout_s,
+            # The SDK's client follows redirects; this one follows none
+            # (base.REDIRECT_STATUSES says why). Closed with the SDK client.
+            http_client=DefaultAsyncHttpxClient(follow_redirects=False),
         )
         # The SDK also sends ANTHROPIC_CUSTOM_HEADERS from the runner's
         # environment with every request: a call made for a tenant carries

@@ -221,6 +221,29 @@ def _seconds_until(value: str | None, now: float | None) -> float | None:
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
+# The statuses of a redirect. A provider call follows none of them: the
+# operator allowed the origin of `baseUrl` (KEEL_PROVIDER_ORIGINS), not
+# wherever that origin points, and a 307 or 308 would resend the whole
+# request, the tenant's conversation, to the new place.
+REDIRECT_STATUSES = range(300, 400)
+
+
+def redirect_refused(status: int, location: str | None) -> ProviderError:
+    """The error of a provider call answered with a redirect (not followed).
+
+    Not retryable: the same request gets the same answer until the loadout's
+    `baseUrl` names where the model really is.
+    """
+    where = f" to {location}" if location else ""
+    return ProviderError(
+        f"the provider answered with a redirect ({status}){where}, which Keel does not "
+        "follow: provider calls stay at the origin of the model's baseUrl; set baseUrl to "
+        "the URL the model is served at",
+        retryable=False,
+        status=status,
+    )
+
+
 class ContextOverflow(ProviderError):
     """The request did not fit the model's context window."""
 

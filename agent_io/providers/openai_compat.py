@@ -20,6 +20,7 @@ from openai import (
     APIError,
     APIStatusError,
     AsyncOpenAI,
+    DefaultAsyncHttpxClient,
     OpenAIError,
     omit,
 )
@@ -27,6 +28,7 @@ from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from agent_io.providers.base import (
     RATE_LIMIT_STATUSES,
+    REDIRECT_STATUSES,
     Completed,
     ConfiguredModel,
     ContextOverflow,
@@ -37,6 +39,7 @@ from agent_io.providers.base import (
     ThinkingDelta,
     ToolCallDelta,
     Usage,
+    redirect_refused,
     retry_after_ms,
     tool_call,
 )
@@ -243,6 +246,8 @@ class _Answer:
 def provider_error(exc: OpenAIError) -> ProviderError:
     """An SDK failure as the runner's error."""
     status = exc.status_code if isinstance(exc, APIStatusError) else 0
+    if isinstance(exc, APIStatusError) and status in REDIRECT_STATUSES:
+        return redirect_refused(status, exc.response.headers.get("location"))
     message = str(exc)
     code = exc.code if isinstance(exc, APIError) else None
     if code == "context_length_exceeded" or is_context_overflow(message):
@@ -286,6 +291,9 @@ class OpenAICompatible(ConfiguredModel):
             base_url=base_url or OFFICIAL_BASE_URL["openai"],
             max_retries=0,
             timeout=timeout_s,
+            # The SDK's client follows redirects; this one follows none
+            # (base.REDIRECT_STATUSES says why). Closed with the SDK client.
+            http_client=DefaultAsyncHttpxClient(follow_redirects=False),
         )
         # The SDK also applies OPENAI_ORG_ID, OPENAI_PROJECT_ID and
         # OPENAI_CUSTOM_HEADERS from the runner's environment to every
