@@ -10,7 +10,9 @@ stranger what to call. With `KEEL_GRPC_TLS_*` the same channels run over TLS,
 mutual when a CA is given.
 
 `keel <service>` will not start without one of the two credentials
-(`require_internal_auth`); `keel up` makes a token per data dir.
+(`require_internal_auth`), nor with a token weaker than an API key may be
+(`secret_weakness`: at least 24 characters, 10 of them different), since
+the token opens every internal service; `keel up` makes a token per data dir.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from services.common.errors import rich_status
 
 TOKEN_HEADER = "x-keel-token"
 TOKEN_ENV = "KEEL_INTERNAL_TOKEN"
-MIN_TOKEN_CHARS = 16
+# As strong as an API key must be (kernel.tenancy.key_weakness): the token
+# opens more than any key does.
+MIN_TOKEN_CHARS = 24
+MIN_TOKEN_DISTINCT_CHARS = 10
 UNAUTHENTICATED_REASON = "INTERNAL_AUTH_REQUIRED"
 # Probes (kubelet, load balancers) hold no token; health tells nothing else.
 OPEN_PREFIXES = ("/grpc.health.",)
@@ -103,16 +108,30 @@ def channel_credentials(material: TlsMaterial) -> grpc.ChannelCredentials:
     )
 
 
+def secret_weakness(variable: str, value: str) -> str | None:
+    """Why `value` is too weak to be the shared secret `variable`, in one
+    line, or None. Keel's own credentials (the internal token, the tool
+    tokens) follow the rule of an API key: a guessable one opens the door
+    it guards."""
+    if len(value) >= MIN_TOKEN_CHARS and len(set(value)) >= MIN_TOKEN_DISTINCT_CHARS:
+        return None
+    return (
+        f"{variable} is too weak ({len(value)} characters, {len(set(value))} different): "
+        f"it needs at least {MIN_TOKEN_CHARS} characters, {MIN_TOKEN_DISTINCT_CHARS} of them "
+        "different (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+    )
+
+
 def require_internal_auth(settings: Settings) -> None:
     """Raises InternalAuthError unless internal calls are authenticated: by a
-    token of at least MIN_TOKEN_CHARS, or by mutual TLS (cert, key and CA)."""
+    token strong enough (`secret_weakness`), or by mutual TLS (cert, key
+    and CA). A weak token is refused even beside mutual TLS: it is sent on
+    every call, and a service reached by token alone would accept it."""
     material = tls_material(settings)
     token = settings.internal_token
-    if token and len(token) < MIN_TOKEN_CHARS:
-        raise InternalAuthError(
-            f"{TOKEN_ENV} is {len(token)} characters; it needs at least {MIN_TOKEN_CHARS} "
-            "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
-        )
+    weakness = secret_weakness(TOKEN_ENV, token) if token else None
+    if weakness is not None:
+        raise InternalAuthError(weakness)
     if token or (material is not None and material.mutual):
         return
     raise InternalAuthError(
