@@ -16,7 +16,14 @@
   API key and per tenant: one more is refused with 429 naming the limit.
   Their counts are dropped as soon as they reach zero.
 - Slow clients: how long a request's head and body may take to arrive
-  (enforced in edge/connections.py).
+  (enforced in edge/slow_clients.py), and how long an idle kept-alive
+  connection stays open between requests (`keep_alive_s`: longer than the
+  idle timeout of common load balancers and client pools, so the edge never
+  closes a connection a client is just reusing).
+- Request heads: at most `max_head_bytes` (request line and headers) and
+  `max_headers` header lines, counted while the head arrives: a longer one
+  is answered 431 and its connection closed (edge/slow_clients.py). The
+  gRPC door holds its metadata to the same byte limit (edge/server.py).
 - Request size: a JSON body over HTTP, and a request message over gRPC, of
   at most `max_body_bytes`; a larger one is refused by name (413
   `payload_too_large` / INVALID_ARGUMENT `PAYLOAD_TOO_LARGE`, with the limit)
@@ -55,9 +62,15 @@ _ENV_NAMES = {
     "body_min_bytes_per_s": "KEEL_EDGE_BODY_MIN_BYTES_PER_S",
     "trusted_proxies": "KEEL_EDGE_TRUSTED_PROXIES",
     "max_body_bytes": "KEEL_EDGE_MAX_BODY_BYTES",
+    "max_head_bytes": "KEEL_EDGE_MAX_HEAD_BYTES",
+    "max_headers": "KEEL_EDGE_MAX_HEADERS",
+    "keep_alive_s": "KEEL_EDGE_KEEP_ALIVE_S",
 }
 # Room for the longest input text (edge/inputs.py) as JSON, escapes and all.
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+# Room for a browser's cookies or a long bearer token many times over; far
+# below what a client could make the edge buffer without a limit.
+DEFAULT_MAX_HEAD_BYTES = 32 << 10
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,13 @@ class ClientLimits:
     trusted_proxies: tuple[str, ...] = field(default_factory=tuple)
     # The largest JSON body (HTTP) or request message (gRPC) taken.
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # A request's head: its bytes (request line and headers) and header lines.
+    max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES
+    max_headers: int = 100
+    # An idle kept-alive connection is closed after this long: more than the
+    # 60 s of common load balancers, so they close first (a client reusing a
+    # connection the edge is closing gets a read error instead of an answer).
+    keep_alive_s: float = 75.0
 
     def __post_init__(self) -> None:
         for item in fields(self):

@@ -5,8 +5,10 @@ API with uvicorn and, when `EdgeConfig.grpc_port` is set, the public gRPC API
 Both doors share one `Guards` (edge/limits.py): failed keys are counted per
 client address whichever door they come through, and event streams per key
 and tenant over SSE and gRPC together. `ClientLimits` come from `KEEL_EDGE_*`
-unless given. uvicorn runs its httptools protocol with a deadline for request
-heads (edge/slow_clients.py); X-Forwarded-For is believed only from the
+unless given. uvicorn runs its httptools protocol with a deadline and a size
+limit for request heads (edge/slow_clients.py), the gRPC server with the same
+limit on metadata, and idle connections are kept longer than load balancers
+keep theirs (`ClientLimits.keep_alive_s`); X-Forwarded-For is believed only from the
 proxies `ClientLimits.trusted_proxies` names (uvicorn would otherwise believe
 it from loopback, where anyone could use it to dodge the per-address limit).
 
@@ -23,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import uvicorn
 
@@ -76,6 +79,7 @@ class EdgeServer:
                 f"{self.host}:{self.config.grpc_port}",
                 self.settings,
                 public=True,
+                options=metadata_limits(self.limits),
             )
         # Bind ourselves so port 0 works and the real port is known at once.
         # The protocol must be named: asyncio turns Nagle's algorithm off only
@@ -97,6 +101,9 @@ class EdgeServer:
             proxy_headers=bool(proxies),
             forwarded_allow_ips=proxies or None,
             server_header=False,
+            # uvicorn's default (5 s) equals common clients' pool expiry:
+            # a request sent as the edge closes the idle connection fails.
+            timeout_keep_alive=math.ceil(self.limits.keep_alive_s),
         )
         self._server = uvicorn.Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
@@ -115,6 +122,12 @@ class EdgeServer:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def keep_alive_s(self) -> float:
+        """How long uvicorn keeps an idle connection open between requests."""
+        assert self._server is not None
+        return float(self._server.config.timeout_keep_alive)
 
     @property
     def grpc_address(self) -> str | None:
@@ -140,6 +153,19 @@ class EdgeServer:
             self._socket.close()
         if self.gateway is not None:
             await self.gateway.close()
+
+
+def metadata_limits(limits: ClientLimits) -> list[tuple[str, Any]]:
+    """The gRPC door's limit on a call's metadata (its head), the HTTP
+    door's: gRPC's own defaults (8 KiB soft, 16 KiB hard) refuse a call
+    between the two at random. With both at one value, a call over it is
+    refused every time (RESOURCE_EXHAUSTED, "received metadata size exceeds
+    hard limit"); HPACK counts 32 bytes more per entry, which bounds their
+    number as well."""
+    return [
+        ("grpc.max_metadata_size", limits.max_head_bytes),
+        ("grpc.absolute_max_metadata_size", limits.max_head_bytes),
+    ]
 
 
 async def run_edge(settings: Settings, config: EdgeConfig, host: str, port: int) -> None:

@@ -8,6 +8,10 @@ uvicorn's httptools protocol (its request parser costs the edge a third of
 h11's CPU per request) close a connection whose request head has not
 arrived within `header_timeout_s` of its first byte (of the connection's
 opening, for the first request), answering 408 when part of a head came.
+It also counts the head while it arrives: one larger than `max_head_bytes`
+or with more than `max_headers` lines is answered 431 and its connection
+closed as soon as it passes the limit, complete or not (without a limit,
+each connection could make the edge buffer megabytes of unfinished headers).
 
 The body is watched where it is read, in the app (`BodyDeadline`): a body
 that stalls between chunks for `body_timeout_s`, or takes longer in all than
@@ -26,12 +30,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from http import HTTPStatus
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from edge.errors import RequestTimeout
-from edge.limits import ClientLimits
+from edge.limits import DEFAULT_MAX_HEAD_BYTES, ClientLimits
 from edge.security_headers import security_headers
 
 # The ASGI scope extension offering a GET request's response body as a
@@ -40,22 +45,51 @@ DIRECT_BODY = "keel.direct_body"
 
 
 def guarded_protocol(limits: ClientLimits) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with a deadline for every request's head."""
+    """uvicorn's httptools protocol with a deadline and a size limit for
+    every request's head."""
 
-    class Guarded(HeadDeadlineProtocol):
+    class Guarded(GuardedHeadProtocol):
         header_timeout_s = limits.header_timeout_s
+        max_head_bytes = limits.max_head_bytes
+        max_headers = limits.max_headers
 
     return Guarded
 
 
-class HeadDeadlineProtocol(HttpToolsProtocol):
+class GuardedHeadProtocol(HttpToolsProtocol):
     """The timer runs from the first byte of a head (the opening, for a new
     connection) until the parser has the whole head. Between requests
-    uvicorn's keep-alive timeout closes an idle connection."""
+    uvicorn's keep-alive timeout closes an idle connection.
+
+    The head's size is counted while it arrives, so a head that never ends
+    is cut off as soon as it passes `max_head_bytes` (or `max_headers`
+    lines), not buffered until it is whole: httptools hands a header over
+    only once its line is complete, and keeps what came of it until then.
+    What the parser handed over (the URL, whole header lines) is counted in
+    its callbacks, exactly; while a head is still incomplete at the end of a
+    read, every byte of that read was head, so later reads count whole. The
+    count never exceeds the head's real size, so a head within the limit is
+    never refused; one past it is refused within one read (at most 256 KiB).
+
+    A refused head is answered 431 and the edge stops sending; what the
+    client still sends is read and dropped (for at most `header_timeout_s`,
+    or until it closes its side) rather than left unread, which would make
+    the kernel reset the connection and could lose the answer."""
 
     header_timeout_s = 10.0
+    max_head_bytes = DEFAULT_MAX_HEAD_BYTES
+    max_headers = 100
     _head_timer: asyncio.TimerHandle | None = None
-    _head_bytes = 0  # of the head being waited for
+    _head_bytes = 0  # received since the head timer started
+    # The head being parsed: between its first byte and its last.
+    _in_head = False
+    _heads_begun = 0
+    _head_parsed = 0  # what the parser handed over of it: URL, header lines
+    _head_counted = 0  # its size as counted at the end of each read
+    _header_lines = 0
+    # Set once a head was refused: the rest of the connection is dropped.
+    _refused: str | None = None
+    _linger: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -63,17 +97,68 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._linger is not None:
+            return  # what is left of a refused head: dropped
         if self._head_timer is None and (self.cycle is None or self.cycle.response_complete):
             # The first bytes after an answer: the next head (or the rest of
             # a body the app did not read, which gets no more time either).
             self._arm_head_timer()
         self._head_bytes += len(data)
+        was_in_head, heads_begun = self._in_head, self._heads_begun
         super().data_received(data)
+        if self._refused is None and self._in_head:
+            if was_in_head and heads_begun == self._heads_begun:
+                self._head_counted += len(data)  # the whole read was this head
+            else:
+                self._head_counted = self._head_parsed  # it began in this read
+            if self._head_counted > self.max_head_bytes:
+                self._refuse(f"the request's head is larger than {self.max_head_bytes} bytes")
+        if self._refused is not None and self._linger is None:
+            self._answer_refusal()
+
+    # Parser callbacks: a refused head is no longer collected.
+
+    def on_message_begin(self) -> None:
+        if self._refused is not None:
+            return
+        self._in_head = True
+        self._heads_begun += 1
+        # The request line's method, version and line ends.
+        self._head_parsed = len("GET  HTTP/1.1\r\n")
+        self._header_lines = 0
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        if self._refused is not None:
+            return
+        self._head_parsed += len(url)
+        if self._head_parsed > self.max_head_bytes:
+            self._refuse(f"the request's URL is longer than {self.max_head_bytes} bytes")
+            return
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._refused is not None:
+            return
+        self._head_parsed += len(name) + len(value) + 4  # ": " and CRLF
+        self._header_lines += 1
+        if self._header_lines > self.max_headers:
+            self._refuse(f"the request has more than {self.max_headers} header lines")
+        elif self._head_parsed > self.max_head_bytes:
+            self._refuse(f"the request's head is larger than {self.max_head_bytes} bytes")
+        else:
+            super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        if self._refused is not None:
+            return  # no request starts
         self._stop_head_timer()  # a request started: its head is complete
         before = self.cycle
         super().on_headers_complete()
@@ -82,7 +167,19 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
             extensions = cycle.scope.setdefault("extensions", {})
             extensions[DIRECT_BODY] = {"sink": DirectBody(cycle)}
 
+    def on_body(self, body: bytes) -> None:
+        if self._refused is None:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._refused is None:
+            super().on_message_complete()
+
     def send_400_response(self, msg: str) -> None:
+        if self._refused is not None:
+            # Malformed after it was refused (the parser read on): still a 431.
+            self._answer_refusal()
+            return
         # uvicorn's answer to a malformed request, with the headers of every answer.
         head = [
             b"HTTP/1.1 400 Bad Request",
@@ -93,6 +190,24 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         ]
         self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + msg.encode("ascii"))
         self.transport.close()
+
+    def _refuse(self, message: str) -> None:
+        """Marks the head refused; answered once the parser has returned."""
+        self._refused = message
+
+    def _answer_refusal(self) -> None:
+        self._stop_head_timer()
+        transport = self.transport
+        if self._linger is not None or transport.is_closing():
+            return  # answered already
+        transport.write(closing_answer(431, "request_header_fields_too_large", self._refused or ""))
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        # Until the client closes its side (uvicorn's eof_received lets the
+        # transport close), or this long at most.
+        self._linger = self.loop.call_later(self.header_timeout_s, transport.close)
 
     def _arm_head_timer(self) -> None:
         self._stop_head_timer()
@@ -148,16 +263,18 @@ class DirectBody:
 
 def timeout_answer(header_timeout_s: float) -> bytes:
     """The 408 of a head that did not arrive in time."""
-    body = json.dumps(
-        {
-            "error": {
-                "code": "request_timeout",
-                "message": f"the request's headers did not arrive within {header_timeout_s:g} s",
-            }
-        }
-    ).encode()
+    return closing_answer(
+        408,
+        "request_timeout",
+        f"the request's headers did not arrive within {header_timeout_s:g} s",
+    )
+
+
+def closing_answer(status: int, code: str, message: str) -> bytes:
+    """A JSON refusal written straight to the connection, which then closes."""
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
     head = [
-        b"HTTP/1.1 408 Request Timeout",
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode(),
         b"content-type: application/json",
         b"content-length: " + str(len(body)).encode(),
         b"connection: close",

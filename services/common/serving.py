@@ -147,13 +147,18 @@ def _traced_methods() -> Any:
 
 
 async def serve_services(
-    services: Sequence[GrpcService], address: str, settings: Settings, *, public: bool = False
+    services: Sequence[GrpcService],
+    address: str,
+    settings: Settings,
+    *,
+    public: bool = False,
+    options: Sequence[tuple[str, Any]] = (),
 ) -> RunningServer:
     """Starts one aio server hosting `services` on `address` ("host:port").
     An internal server checks the internal token (when set) on every call but
     health, and serves TLS when configured. A `public` server's callers hold
     API keys, which its services check, and its transport is plain (TLS is
-    terminated in front of the edge)."""
+    terminated in front of the edge). `options` are added to the server's."""
     interceptors: list[Any] = []
     if settings.tracing:
         interceptors.append(aio_server_interceptor(filter_=_traced_methods()))
@@ -164,8 +169,10 @@ async def serve_services(
     interceptors.insert(0, CallCounter())
     # Read before anything starts: a half-configured TLS fails here, whole.
     material = None if public else tls_material(settings)
-    options = [*SERVER_OPTIONS, *message_size_options(settings)]
-    server = grpc.aio.server(interceptors=interceptors, options=options)
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[*SERVER_OPTIONS, *message_size_options(settings), *options],
+    )
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     for service in services:
