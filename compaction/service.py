@@ -55,7 +55,12 @@ from compaction.policy import (
 )
 from compaction.policy.prompts import history_output_budget, turn_prefix_output_budget
 from compaction.summarizer import summarize
-from compaction.transcript import BlobParts, context_entries, request_messages
+from compaction.transcript import (
+    BlobParts,
+    context_entries,
+    referenced_blobs,
+    request_messages,
+)
 from keel.compaction.v1 import compaction_pb2 as pb
 from keel.compaction.v1 import compaction_pb2_grpc as pb_grpc
 from kernel import DEFAULT_LOADOUT, KernelClient, KernelError
@@ -121,16 +126,6 @@ def answer_watermark(facts: Sequence[CommittedFact], context_head_seq: int) -> i
     that point reads every input."""
     epoch = answering_epoch(facts, context_head_seq)
     return None if epoch is None else int(epoch.data["watermark"])
-
-
-def referenced_blobs(facts: Sequence[CommittedFact], watermark: int | None) -> list[str]:
-    """Blob ids of the inputs a request under `watermark` presents."""
-    return [
-        blob_id
-        for fact in facts
-        if fact.kind == INPUT and (watermark is None or fact.seq <= watermark)
-        for blob_id in fact.data.get("blobs") or ()
-    ]
 
 
 def _seq(entries: Sequence[ContextEntry], position: int) -> int:

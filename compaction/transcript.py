@@ -42,6 +42,7 @@ CANCELLED_STOP = "cancelled"
 
 # A blob id -> the content parts the model sees for it (images as image
 # parts, text files as text). Resolved by the caller, which has the store.
+# An input shows every part of its blobs; a tool result only the images.
 BlobParts: TypeAlias = Callable[[str], list[dict[str, Any]]]
 
 
@@ -112,14 +113,52 @@ def _user_message(data: Mapping[str, Any], blob_parts: BlobParts | None) -> dict
     return {"role": "user", "content": content}
 
 
-def _tool_result_message(data: Mapping[str, Any], tool_name: str) -> dict[str, Any]:
+def _tool_result_message(
+    data: Mapping[str, Any], tool_name: str, blob_parts: BlobParts | None
+) -> dict[str, Any]:
+    text = data.get("content", "")
+    content: str | list[dict[str, Any]] = text
+    images = _tool_images(data, blob_parts)
+    if images:
+        content = [{"type": "text", "text": text}] if text else []
+        content.extend(images)
     return {
         "role": "toolResult",
         "toolCallId": data["toolCallId"],
         "toolName": tool_name,
-        "content": data.get("content", ""),
+        "content": content,
         "isError": bool(data.get("isError", False)),
     }
+
+
+def _tool_images(data: Mapping[str, Any], blob_parts: BlobParts | None) -> list[dict[str, Any]]:
+    """The image parts of the blobs a tool returned, in the order it returned them.
+
+    Images only: the result's text already names every blob (its type and
+    size), and a stored text or binary resource stays out of the context as
+    it was, so the tool's result limit still bounds the text a tool adds.
+    """
+    if blob_parts is None:
+        return []
+    return [
+        part
+        for blob_id in data.get("blobs") or ()
+        for part in blob_parts(blob_id)
+        if part.get("type") == "image"
+    ]
+
+
+def referenced_blobs(facts: Iterable[CommittedFact], watermark: int | None) -> list[str]:
+    """Blob ids a request built from `facts` may present: those of the inputs
+    up to `watermark` and those the tools returned, for the caller to read
+    ahead (resolving one that was not read blocks on the store)."""
+    return [
+        blob_id
+        for fact in facts
+        if fact.kind == TOOL_RESULT
+        or (fact.kind == INPUT and (watermark is None or fact.seq <= watermark))
+        for blob_id in fact.data.get("blobs") or ()
+    ]
 
 
 def cancelled_exchanges(facts: Iterable[CommittedFact]) -> set[int]:
@@ -223,7 +262,7 @@ def entry_of(placed: Placed, blob_parts: BlobParts | None = None) -> dict[str, A
     elif fact.kind == ASSISTANT:
         message = _assistant_message(fact.data)
     else:
-        message = _tool_result_message(fact.data, placed.tool_name)
+        message = _tool_result_message(fact.data, placed.tool_name, blob_parts)
     return {"type": "message", "message": message, "seq": fact.seq}
 
 
@@ -236,7 +275,8 @@ def context_entries(
     in the order the model saw them (see the module docstring).
 
     `watermark` hides inputs an attempt has not read; `blob_parts` turns the
-    blobs an input references into content parts (without it, only the text).
+    blobs an input references into content parts, and the images a tool
+    returned into image parts of its result (without it, only the text).
     """
     return [entry_of(placed, blob_parts) for placed in placed_context(facts, watermark)]
 

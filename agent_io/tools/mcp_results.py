@@ -4,7 +4,9 @@ Text blocks are joined into the outcome's content; `structuredContent` is
 kept as `structured` (and shown as JSON when the server sent no text);
 images, audio and embedded binary resources are stored through a blob sink
 and referenced by blob id, with a short note in the text so the model knows
-they exist; embedded text resources and resource links become text; the
+they exist (the images themselves are shown to the model as image parts of
+the result: `compaction.transcript` resolves the blob ids when it builds a
+request); embedded text resources and resource links become text; the
 server's `isError` is kept. Bytes the result claims to carry but cannot be
 decoded make a malformed result: an error outcome.
 """

@@ -174,17 +174,13 @@ class Attempt:
         return self._context[2]
 
     async def fetch_blobs(self) -> None:
-        """Reads the blobs the inputs up to the watermark reference, off the
-        event loop, so building the context finds them in memory."""
+        """Reads the blobs the inputs up to the watermark reference and those
+        tools returned, off the event loop, so building the context finds
+        them in memory."""
         blobs = self.services.blobs
         if blobs is None:
             return
-        wanted = [
-            blob_id
-            for fact in self.facts
-            if fact.kind == INPUT and fact.seq <= self.watermark
-            for blob_id in fact.data.get("blobs") or ()
-        ]
+        wanted = T.referenced_blobs(self.facts, self.watermark)
         if wanted:
             await blobs.prefetch(self.lease.tenant_id, wanted)
 

@@ -27,6 +27,7 @@ from compaction.transcript import (
     messages_of,
     placed_context,
     presented_request,
+    referenced_blobs,
     request_messages,
 )
 from services.ledger.facts import (
@@ -55,6 +56,7 @@ __all__ = [
     "parsed_context",
     "presented_request",
     "read_through",
+    "referenced_blobs",
     "refusal",
     "request_messages",
 ]
