@@ -377,9 +377,11 @@ _SCHEMAS: dict[str, Schema] = {
             "runtimeId": _STRING,
             "role": {"enum": ["runner", "edge"]},
             "liveness": {
-                "enum": ["live", "unreachable", "gone"],
-                "description": "live: it answered this edge; unreachable: attached to the "
-                "kernel but not answering at its address; gone: detached",
+                "enum": ["live", "attached to another kernel", "unreachable", "gone"],
+                "description": "live: it answered this edge (an edge: this one, or attached "
+                "to this edge's kernel); attached to another kernel: alive there, not "
+                "answering here (another node); unreachable: attached to this edge's kernel "
+                "but not answering at its address; gone: detached",
             },
             "drainMode": _STRING,
             "attached": {"type": "boolean"},

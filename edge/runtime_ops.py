@@ -1,6 +1,5 @@
-"""Runtime endpoints: drain runtimes and undo it (operators), and report
-every runtime's state (operators see everything, a tenant's admin its own
-sessions).
+"""Runtime endpoints: drain runtimes and undo it (operators). What
+`GET /v1/runtime/status` reports is edge.runtime_status.
 
 A drain is scoped: one runtime named by id, or every attached runner of
 the deployment (the kernel's registry), never the edges by default. The
@@ -12,13 +11,10 @@ be undone; a finished one cannot (the runtime exits and is replaced).
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import time
 from typing import Any
 
 from edge import metrics as edge_metrics
-from edge.auth import Caller
 from edge.errors import Conflict, NotFound, Unavailable, from_service_error
 from edge.gateway import Gateway
 from kernel import RuntimeInfo
@@ -29,8 +25,6 @@ from services.runner.client import DrainOutcome
 STREAMS_POLL_S = 0.05
 # A runner's drain answers by its deadline; this much more is its reply's way.
 DRAIN_REPLY_GRACE_S = 10.0
-# How long the status report waits for each runner's own state.
-STATUS_TIMEOUT_S = 2.0
 
 
 class UnknownRuntime(NotFound):
@@ -173,78 +167,3 @@ async def drain_this_edge(gateway: Gateway, mode: str, deadline_ms: int) -> int:
     if gateway.draining.is_set():
         gateway.drained.set()
     return open_streams
-
-
-def _held_sessions(info: RuntimeInfo, caller: Caller) -> list[dict[str, str]]:
-    """The sessions a runtime holds that the caller may see, by the ids
-    clients use: a tenant's admin its own tenant's, an operator every
-    tenant's, each with its tenant (two tenants may both have an `s-1`)."""
-    tenants = info.session_tenant_ids or ("",) * len(info.session_ids)
-    sessions: list[dict[str, str]] = []
-    for ledger_id, tenant in zip(info.session_ids, tenants, strict=True):
-        if not caller.operator and tenant != caller.tenant_id:
-            continue
-        # The edge names a tenant's session `<tenant>:<id>`; a session made
-        # outside the edge keeps the ledger's id.
-        prefix = f"{tenant}:"
-        public = ledger_id[len(prefix) :] if ledger_id.startswith(prefix) else ledger_id
-        sessions.append({"id": public, "tenant": tenant} if caller.operator else {"id": public})
-    return sessions
-
-
-async def report(gateway: Gateway, caller: Caller) -> dict[str, Any]:
-    """Every runtime's state. Where runtimes run (host, pid, address) is the
-    operator's business; a tenant's admin sees the runtimes' ids and states
-    and its own sessions only.
-
-    `liveness` is what this edge found: `live` (the runner answered),
-    `unreachable` (the kernel holds its stream, but it does not answer at
-    its address) or `gone` (detached from the kernel)."""
-    runtimes = await gateway.runtimes()
-
-    async def describe(info: RuntimeInfo) -> dict[str, Any]:
-        entry: dict[str, Any] = {
-            "runtimeId": info.runtime_id,
-            "role": info.role,
-            "liveness": "gone",
-            "drainMode": info.drain_mode,
-            "attached": info.attached,
-            "claiming": False,
-            "inFlightRuns": len(info.session_ids),
-            "loadoutRevision": info.loadout_revision,
-            "sessions": _held_sessions(info, caller),
-        }
-        if caller.operator:
-            entry.update(host=info.host, pid=info.pid, address=info.address)
-        if not info.attached:
-            return entry
-        entry["liveness"] = "unreachable"
-        runner = await gateway.runner(info.runtime_id)
-        if runner is not None:
-            try:
-                status = await asyncio.wait_for(runner.status(), STATUS_TIMEOUT_S)
-            except (KeelError, TimeoutError):
-                return entry
-            entry["liveness"] = "live"
-            entry["claiming"] = status.claiming
-            entry["inFlightRuns"] = status.in_flight_runs
-            entry["drainMode"] = status.drain_mode
-        return entry
-
-    entries = await asyncio.gather(*(describe(r) for r in runtimes if r.role == "runner"))
-    edge: dict[str, Any] = {
-        "runtimeId": gateway.edge_id,
-        "role": "edge",
-        "liveness": "live",
-        "drainMode": gateway.drain_mode,
-        "claiming": False,
-        "inFlightRuns": 0,
-        "sessions": [],
-    }
-    if caller.operator:
-        edge.update(host=socket.gethostname(), pid=os.getpid())
-    return {
-        "runtimes": [*entries, edge],
-        # Zero: inputs are accepted and wait until a runner claims again.
-        "claimingRunners": sum(1 for e in entries if e["claiming"]),
-    }

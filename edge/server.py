@@ -36,6 +36,7 @@ from edge.app import create_app
 from edge.gateway import EdgeConfig, Gateway
 from edge.grpc_api import session_service
 from edge.limits import ClientLimits, Guards
+from edge.runtime_status import attach_edge
 from edge.slow_clients import guarded_protocol
 from services.blobs import blob_store
 from services.common.config import Settings
@@ -117,6 +118,8 @@ class EdgeServer:
             "edge",
             local_dial_address(self.host, self.port),
         )
+        # Listed by every edge's status, like a runner (edge.runtime_status).
+        attach_edge(self.gateway, local_dial_address(self.host, self.port))
         return self
 
     @property

@@ -116,6 +116,7 @@ def runtime_to_pb(runtime: RuntimeInfo) -> pb.Runtime:
         started_at_ms=runtime.started_at_ms,
         session_tenant_ids=list(runtime.session_tenant_ids),
         seen_at_ms=runtime.seen_at_ms,
+        attached_here=runtime.attached_here,
     )
 
 
@@ -134,6 +135,7 @@ def runtime_from_pb(message: pb.Runtime) -> RuntimeInfo:
         started_at_ms=message.started_at_ms,
         session_tenant_ids=tuple(message.session_tenant_ids),
         seen_at_ms=message.seen_at_ms,
+        attached_here=message.attached_here,
     )
 
 

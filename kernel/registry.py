@@ -55,6 +55,10 @@ class RuntimeInfo:
     session_tenant_ids: tuple[str, ...] = ()
     # When the kernel last heard of it (0: unknown).
     seen_at_ms: int = 0
+    # Its Attach stream is held by the kernel that listed it (False: by
+    # another kernel, or by none). A runtime attached to another kernel may
+    # be alive where this kernel's edges cannot dial it (another node).
+    attached_here: bool = False
 
 
 @dataclass(frozen=True)
@@ -209,7 +213,10 @@ class RegistryStore:
         self,
         held_by: Callable[[], dict[str, list[tuple[str, str]]]],
         stale_after_ms: int = STALE_AFTER_MS,
+        attached_here: Callable[[str], bool] = lambda runtime_id: False,
     ) -> list[RuntimeInfo]:
+        """Every registered runtime; `attached_here` tells the runtimes whose
+        Attach stream the listing kernel holds itself."""
         rows = self._db.run(
             lambda tx: tx.rows(
                 "SELECT runtime_id, address, host, pid, loadout_revision, version, role, "
@@ -235,6 +242,7 @@ class RegistryStore:
                 started_at_ms=int(row[9]),
                 session_tenant_ids=tuple(tenant for _, tenant in sessions.get(row[0], ())),
                 seen_at_ms=int(row[10]),
+                attached_here=attached_here(row[0]),
             )
             for row in rows
         ]

@@ -185,7 +185,10 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
     async def ListRuntimes(
         self, request: pb.ListRuntimesRequest, context: Context
     ) -> pb.ListRuntimesResponse:
-        runtimes = await asyncio.to_thread(self._registry.list_runtimes, self._leases.held_by)
+        here = set(self._attachments.runtime_ids())
+        runtimes = await asyncio.to_thread(
+            self._registry.list_runtimes, self._leases.held_by, attached_here=here.__contains__
+        )
         return pb.ListRuntimesResponse(runtimes=[runtime_to_pb(r) for r in runtimes])
 
     @unary_errors

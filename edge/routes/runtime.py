@@ -21,7 +21,8 @@ from edge.bodies import DrainBody, LocalDrainBody, UndoDrainBody
 from edge.errors import BadRequest, Conflict, Forbidden, Unauthorized
 from edge.gateway import Gateway
 from edge.http import api_route, client_host, gateway_of, typed_body
-from edge.runtime_ops import drain_runtimes, drain_this_edge, report, undo_drains
+from edge.runtime_ops import drain_runtimes, drain_this_edge, undo_drains
+from edge.runtime_status import report
 from services.common.internal_auth import TOKEN_HEADER
 from services.common.runtime_records import LOCAL_DRAIN_PATH
 

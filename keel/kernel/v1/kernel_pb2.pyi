@@ -906,6 +906,7 @@ class Runtime(_message.Message):
     STARTED_AT_MS_FIELD_NUMBER: _builtins.int
     SESSION_TENANT_IDS_FIELD_NUMBER: _builtins.int
     SEEN_AT_MS_FIELD_NUMBER: _builtins.int
+    ATTACHED_HERE_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     address: _builtins.str
     host: _builtins.str
@@ -920,6 +921,11 @@ class Runtime(_message.Message):
     """When the kernel last heard of this runtime (register, attach, and every
     few seconds while attached). `attached` is false once this is stale, so
     a runtime whose kernel died with it is not shown alive.
+    """
+    attached_here: _builtins.bool
+    """The runtime's Attach stream is held by the kernel that answered this
+    list (false: by another kernel, or by none). A runtime attached to
+    another kernel may be alive without this kernel's edges reaching it.
     """
     @_builtins.property
     def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -943,10 +949,11 @@ class Runtime(_message.Message):
         started_at_ms: _builtins.int = ...,
         session_tenant_ids: _abc.Iterable[_builtins.str] | None = ...,
         seen_at_ms: _builtins.int = ...,
+        attached_here: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "attached", b"attached", "drain_mode", b"drain_mode", "host", b"host", "loadout_revision", b"loadout_revision", "pid", b"pid", "role", b"role", "runtime_id", b"runtime_id", "seen_at_ms", b"seen_at_ms", "session_ids", b"session_ids", "session_tenant_ids", b"session_tenant_ids", "started_at_ms", b"started_at_ms", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "attached", b"attached", "attached_here", b"attached_here", "drain_mode", b"drain_mode", "host", b"host", "loadout_revision", b"loadout_revision", "pid", b"pid", "role", b"role", "runtime_id", b"runtime_id", "seen_at_ms", b"seen_at_ms", "session_ids", b"session_ids", "session_tenant_ids", b"session_tenant_ids", "started_at_ms", b"started_at_ms", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,54 @@
+"""`GET /v1/runtime/status` on a runner two tenants share: a tenant's admin
+counts only its own runs in flight (the runner's count of every tenant's work
+is the operator's), as it lists only its own sessions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.runner.server import RunnerServer
+from tests.edge.conftest import Stack
+from tests.edge.test_runtime_status import (
+    ACME_ADMIN,
+    GLOBEX_ADMIN,
+    OPERATOR,
+    make_keys,
+    start_running,
+    status,
+)
+from tests.runner.cluster import eventually
+
+
+def runner_entry(report: dict[str, Any], runner: RunnerServer) -> dict[str, Any]:
+    [entry] = [r for r in report["runtimes"] if r["runtimeId"] == runner.runtime_id]
+    return entry
+
+
+async def test_a_tenant_admin_counts_only_its_own_runs_in_flight(
+    stack: Stack, runner: RunnerServer
+) -> None:
+    await make_keys(stack)
+    acme, globex, operator = (stack.client(k) for k in (ACME_ADMIN, GLOBEX_ADMIN, OPERATOR))
+    try:
+        await start_running(acme, "a-1")
+        for session in ("g-1", "g-2"):
+            await start_running(globex, session)
+
+        async def all_three_running() -> dict[str, Any] | None:
+            entry = runner_entry(await status(operator), runner)
+            return entry if (entry["liveness"], entry["inFlightRuns"]) == ("live", 3) else None
+
+        everything = await eventually(all_three_running, "three runs in flight", 30)
+        assert len(everything["sessions"]) == 3
+
+        for http, own in ((acme, ["a-1"]), (globex, ["g-1", "g-2"])):
+            report = await status(http)
+            entry = runner_entry(report, runner)
+            assert entry["liveness"] == "live"
+            assert sorted(s["id"] for s in entry["sessions"]) == own
+            # The count is the admin's own runs, not the runner's total.
+            assert entry["inFlightRuns"] == len(own), entry
+            assert sum(r["inFlightRuns"] for r in report["runtimes"]) == len(own)
+    finally:
+        for client in (acme, globex, operator):
+            await client.aclose()
