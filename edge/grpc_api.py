@@ -15,9 +15,11 @@ UNAVAILABLE also carries a RetryInfo.
 StreamEvents follows the session through the fan-out the SSE stream uses
 (edge/fanout.py): facts after `after_seq`, backlog then live, with the
 owner's partials and status changes, and a `Drain` before the stream ends
-when the edge drains. Its messages are the fan-out's shared frames,
-serialized once for every stream of the session (edge/frames.py): the
-handler yields their bytes, which its serializer passes on as they are.
+when the edge drains; it ends UNAUTHENTICATED (reason API_KEY_REVOKED) when
+the key it was opened with is revoked (edge/key_streams.py). Its messages
+are the fan-out's shared frames, serialized once for every stream of the
+session (edge/frames.py): the handler yields their bytes, which its
+serializer passes on as they are.
 
 The HTTP API's limits hold here too, in the same counts (edge/limits.py):
 unknown keys per client address (the peer's, from `context.peer()`), and
@@ -247,28 +249,33 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self, request: pb.StreamEventsRequest, context: Any
     ) -> AsyncIterator[pb.StreamEventsResponse | bytes]:
         caller, session_id = await self._session(context, request.session_id)
-        # Counted with the SSE streams, before the ledger is asked anything.
-        slot = self._guards.streams.acquire(caller)
-        try:
-            await self._gateway.check_cursor(caller, session_id, request.after_seq)
-            # Headers now, as HTTP's 200: the caller knows the stream is
-            # accepted before the session has anything to send.
-            await context.send_initial_metadata(())
-            follow = self._gateway.fanout.follow_frames(session_id, request.after_seq)
+        # Registered at once: a revocation of the key from now on ends it.
+        with self._gateway.auth.open_stream(caller) as open_stream:
+            open_stream.check()
+            # Counted with the SSE streams, before the ledger is asked anything.
+            slot = self._guards.streams.acquire(caller)
             try:
-                async for batch in follow:
-                    for frame in batch:
-                        event = frame.grpc
-                        if event is not None:
-                            yield event
-                    if isinstance(batch[-1].item, Drain):
-                        retry = self._gateway.config.drain_retry_after_ms
-                        yield pb.StreamEventsResponse(drain=pb.Drain(retry_after_ms=retry))
-                        return
+                await self._gateway.check_cursor(caller, session_id, request.after_seq)
+                # Headers now, as HTTP's 200: the caller knows the stream is
+                # accepted before the session has anything to send.
+                await context.send_initial_metadata(())
+                follow = self._gateway.fanout.follow_frames(session_id, request.after_seq)
+                try:
+                    while (batch := await open_stream.next(follow)) is not None:
+                        for frame in batch:
+                            event = frame.grpc
+                            if event is not None:
+                                # Not one more frame once the key is revoked.
+                                open_stream.check()
+                                yield event
+                        if isinstance(batch[-1].item, Drain):
+                            retry = self._gateway.config.drain_retry_after_ms
+                            yield pb.StreamEventsResponse(drain=pb.Drain(retry_after_ms=retry))
+                            return
+                finally:
+                    await follow.aclose()
             finally:
-                await follow.aclose()
-        finally:
-            slot.release()
+                slot.release()
 
     @_unary
     async def GetContext(

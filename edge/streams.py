@@ -14,6 +14,12 @@ for all the session's clients. Once a client has caught up, the fan-out
 writes live frames straight to its connection (`DIRECT_BODY`, which the
 edge's HTTP protocol offers, edge/slow_clients.py) rather than waking this
 stream's task for each; whatever cannot go that way comes through here.
+
+A stream ends when the key it was opened with is revoked (edge/key_streams.py):
+its last event is then `event: revoked` with `{"code": "key_revoked",
+"message": …}`, and the connection closes (a client that opens it again is
+refused with 401). The fan-out's direct writes stop at the revocation too
+(`_UntilEnded`), before the stream's own wait is interrupted.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
 
 from edge import metrics as edge_metrics
+from edge.auth import Caller
 from edge.fanout import Drain
 from edge.fanout_clients import DirectSink
 from edge.frames import CLIENT_STATES, delta_json, fact_event, fact_json
 from edge.gateway import Gateway
+from edge.key_streams import KeyRevoked, KeyUnconfirmed, OpenStream
 from edge.limits import StreamSlot
 from edge.slow_clients import DIRECT_BODY
 
@@ -47,6 +55,21 @@ __all__ = [
 log = logging.getLogger("keel.edge.sse")
 
 
+class _UntilEnded:
+    """The connection as the fan-out writes to it directly, until the
+    stream is ended (a write then fails, and the frame waits for the
+    stream's own reader, which is being ended)."""
+
+    __slots__ = ("_sink", "_stream")
+
+    def __init__(self, sink: DirectSink, stream: OpenStream) -> None:
+        self._sink = sink
+        self._stream = stream
+
+    def write(self, data: bytes) -> bool:
+        return self._stream.ended_by is None and self._sink.write(data)
+
+
 class SessionStream:
     """One client's stream: shared facts and partials, plus the drain signal.
 
@@ -55,9 +78,16 @@ class SessionStream:
     """
 
     def __init__(
-        self, gateway: Gateway, session_id: str, after: int, clients: Gauge | None = None
+        self,
+        gateway: Gateway,
+        session_id: str,
+        after: int,
+        clients: Gauge | None = None,
+        *,
+        caller: Caller,
     ) -> None:
         self._gateway = gateway
+        self._caller = caller
         self._session_id = session_id
         self._after = after
         self._clients = clients
@@ -66,28 +96,37 @@ class SessionStream:
         self.sink: DirectSink | None = None
 
     async def events(self) -> AsyncIterator[bytes]:
-        follow = self._gateway.fanout.follow_frames(self._session_id, self._after, self.sink)
-        if self._clients is not None:
-            self._clients.inc()
-        edge_metrics.sse_client_opened()
-        try:
-            async for batch in follow:
-                events = [encoded for encoded in (frame.sse for frame in batch) if encoded]
-                chunk, frames = b"".join(events), len(events)
-                if isinstance(batch[-1].item, Drain):
-                    retry = self._gateway.config.drain_retry_after_ms
-                    chunk += ServerSentEvent(
-                        data=json.dumps({"retry_after_ms": retry}), event="drain"
-                    ).encode()
-                    frames += 1
-                if chunk:
-                    yield chunk
-                    edge_metrics.sse_frames_sent(frames)
-        finally:
+        with self._gateway.auth.open_stream(self._caller) as open_stream:
+            sink = _UntilEnded(self.sink, open_stream) if self.sink is not None else None
+            follow = self._gateway.fanout.follow_frames(self._session_id, self._after, sink)
             if self._clients is not None:
-                self._clients.dec()
-            edge_metrics.sse_client_closed()
-            await follow.aclose()
+                self._clients.inc()
+            edge_metrics.sse_client_opened()
+            try:
+                while (batch := await open_stream.next(follow)) is not None:
+                    events = [encoded for encoded in (frame.sse for frame in batch) if encoded]
+                    chunk, frames = b"".join(events), len(events)
+                    if isinstance(batch[-1].item, Drain):
+                        retry = self._gateway.config.drain_retry_after_ms
+                        chunk += ServerSentEvent(
+                            data=json.dumps({"retry_after_ms": retry}), event="drain"
+                        ).encode()
+                        frames += 1
+                    if chunk:
+                        yield chunk
+                        edge_metrics.sse_frames_sent(frames)
+            except KeyRevoked as revoked:
+                yield ServerSentEvent(
+                    data=json.dumps({"code": revoked.code, "message": revoked.message}),
+                    event="revoked",
+                ).encode()
+            except KeyUnconfirmed:
+                pass  # the stream just ends: the client reconnects, and is checked again
+            finally:
+                if self._clients is not None:
+                    self._clients.dec()
+                edge_metrics.sse_client_closed()
+                await follow.aclose()
 
 
 class LimitedEventSourceResponse(EventSourceResponse):

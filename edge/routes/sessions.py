@@ -109,7 +109,9 @@ async def events(request: Request, caller: Caller) -> Response:
     except BaseException:
         slot.release()
         raise
-    stream = SessionStream(gateway, ledger_id, after, metrics_of(request).sse_clients)
+    stream = SessionStream(
+        gateway, ledger_id, after, metrics_of(request).sse_clients, caller=caller
+    )
     return LimitedEventSourceResponse(stream, slot, gateway.config.keepalive_s)
 
 
