@@ -13,6 +13,13 @@ and a JSON schema of its arguments built from its type hints::
 
     serve_tools([refund], port=7000)   # token from KEEL_TOOL_TOKEN, if set
 
+It listens on loopback unless told otherwise. Any other address (`0.0.0.0`,
+a LAN address) needs a token, since whoever reaches it could call every
+tool: without one, `ToolServer.start` and `serve_tools` refuse to start
+(`UnsafeToolServer`), as they do for a token shorter than 24 characters or
+with fewer than 10 different ones. The runner sends the token it has for
+this target (`KEEL_TOOL_TOKENS`, else `KEEL_TOOL_TOKEN`).
+
 A call is at-least-once (a runner that crashed mid-call calls again after
 its successor takes over), so a tool with an effect takes the keyword
 parameter `idempotency_key` and applies its effect once per key; it may also
@@ -33,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import inspect
+import ipaddress
 import json
 import logging
 import os
@@ -53,6 +61,7 @@ __all__ = [
     "TOKEN_METADATA",
     "ToolDefinition",
     "ToolServer",
+    "UnsafeToolServer",
     "define_tool",
     "schema_of",
     "schema_problem",
@@ -74,6 +83,36 @@ _OPTIONS = [
     ("grpc.so_reuseport", 0),
 ]
 _SIMPLE_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+# A token as strong as Keel asks of its own (an API key, the internal token).
+MIN_TOKEN_CHARS = 24
+MIN_TOKEN_DISTINCT_CHARS = 10
+LOOPBACK = "127.0.0.1"
+
+
+class UnsafeToolServer(ValueError):
+    """The server would take calls it should not: a non-loopback address
+    without a token, or a token that is easy to guess."""
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a wildcard ("", "0.0.0.0" is one) or a host name
+        return False
+
+
+def _check_token(token: str) -> None:
+    if not token:
+        return
+    if len(token) < MIN_TOKEN_CHARS or len(set(token)) < MIN_TOKEN_DISTINCT_CHARS:
+        raise UnsafeToolServer(
+            f"the tool token ({TOKEN_ENV}) is too weak ({len(token)} characters, "
+            f"{len(set(token))} different): it needs at least {MIN_TOKEN_CHARS} characters, "
+            f"{MIN_TOKEN_DISTINCT_CHARS} of them different (e.g. "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+        )
 
 
 def schema_of(annotation: Any) -> dict[str, Any]:
@@ -319,7 +358,8 @@ class ToolServer:
 
     With a token (the argument, else KEEL_TOOL_TOKEN), a call without the
     matching `x-keel-tool-token` metadata is refused with UNAUTHENTICATED;
-    health checks need no token.
+    health checks need no token. Without a token it serves on loopback only.
+    Raises UnsafeToolServer for a weak token.
     """
 
     def __init__(
@@ -333,6 +373,7 @@ class ToolServer:
             tools[tool.name] = tool
         self.tools: Mapping[str, ToolDefinition] = tools
         self._token = os.environ.get(TOKEN_ENV, "") if token is None else token
+        _check_token(self._token)
         self._server: grpc.aio.Server | None = None
         self.port = 0
         self.host = ""
@@ -345,12 +386,19 @@ class ToolServer:
 
     async def start(
         self,
-        host: str = "127.0.0.1",
+        host: str = LOOPBACK,
         port: int = 0,
         credentials: grpc.ServerCredentials | None = None,
     ) -> int:
         """Binds and starts serving (port 0: any free port); returns the port.
-        With `credentials` (grpc.ssl_server_credentials) it serves TLS."""
+        With `credentials` (grpc.ssl_server_credentials) it serves TLS.
+        Raises UnsafeToolServer for a non-loopback `host` without a token."""
+        if not self._token and not _loopback(host):
+            raise UnsafeToolServer(
+                f"refusing to serve tools on {host or 'every address'} without a token: "
+                f"anyone who reaches it could call them. Set {TOKEN_ENV} (the runner sends "
+                f"it as {TOKEN_METADATA}) or serve on {LOOPBACK}"
+            )
         server = grpc.aio.server(options=_OPTIONS)
         pb_grpc.add_ToolServiceServicer_to_server(_ToolServicer(self.tools, self._token), server)
         health = HealthServicer()
@@ -367,7 +415,9 @@ class ToolServer:
         await health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._server, self.host, self.port = server, host, bound
         if not self._token:
-            log.warning("serving tools on %s without a token: any caller may use them", address)
+            log.warning(
+                "serving tools on %s without a token: any local process may call them", address
+            )
         return bound
 
     async def wait_for_termination(self) -> None:
@@ -392,11 +442,14 @@ def serve_tools(
     functions: Iterable[Callable[..., Any]],
     *,
     port: int,
-    host: str = "0.0.0.0",
+    host: str = LOOPBACK,
     token: str | None = None,
     credentials: grpc.ServerCredentials | None = None,
 ) -> None:
-    """Serves `functions` as a ToolService until the process is stopped."""
+    """Serves `functions` as a ToolService until the process is stopped: on
+    loopback by default; another `host` (e.g. "0.0.0.0" in a container)
+    needs a token (`token`, else KEEL_TOOL_TOKEN), or UnsafeToolServer is
+    raised before anything listens."""
 
     async def main() -> None:
         server = ToolServer(functions, token=token)

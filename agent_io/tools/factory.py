@@ -26,6 +26,7 @@ from agent_io.tools.base import (
 )
 from agent_io.tools.builtin import BuiltinSource, Tool
 from agent_io.tools.registry import SourceRefused, SourceSettings, SourceSlot
+from agent_io.tools.tool_tokens import ToolTokens
 from services.common.secrets import (
     SecretPolicy,
     command_refused,
@@ -45,8 +46,8 @@ class ToolDefaults:
     # The most a result may hold (UTF-8 bytes of its text): the default, and
     # the ceiling of a source's `maxResultBytes` (a result must fit a fact).
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
-    # KEEL_TOOL_TOKEN, sent to gRPC ToolServices ("" sends none).
-    grpc_token: str = field(default="", repr=False)
+    # What each gRPC ToolService is sent (KEEL_TOOL_TOKENS, KEEL_TOOL_TOKEN).
+    grpc_tokens: ToolTokens = field(default_factory=ToolTokens, repr=False)
 
 
 def settings_of(item: ToolSourceItem, defaults: ToolDefaults) -> SourceSettings:
@@ -150,6 +151,6 @@ class SourceFactory:
         config = GrpcSourceConfig(
             name=item.name,
             target=item.target,
-            token=self._defaults.grpc_token,
+            token=self._defaults.grpc_tokens.for_target(tenant_id, item.target),
         )
         return GrpcToolSource(config)

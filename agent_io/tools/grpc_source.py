@@ -2,10 +2,12 @@
 
 The target comes from a tenant's loadout: `host:port` is plaintext,
 `grpcs://host:port` is TLS, verified against the CA file named by
-`KEEL_TOOL_TLS_CA` when set and the system roots otherwise. When the runner
-has `KEEL_TOOL_TOKEN` set, every call carries it as the metadata
-`x-keel-tool-token`. That token is a credential of its own on purpose: a
-tenant chooses the target, so Keel's internal token must never be sent to it.
+`KEEL_TOOL_TLS_CA` when set and the system roots otherwise. Every call
+carries the token the runner has for this target and tenant
+(`KEEL_TOOL_TOKENS`, else `KEEL_TOOL_TOKEN`; agent_io.tools.tool_tokens) as
+the metadata `x-keel-tool-token`. That token is a credential of its own on
+purpose: a tenant chooses the target, so Keel's internal token must never be
+sent to it, nor the token of another tenant's service.
 
 Every call has a deadline (the call's timeout), and every failure is an
 `is_error` outcome naming it: a timeout, a service unreachable or gone
@@ -68,7 +70,8 @@ class GrpcSourceConfig:
     name: str
     # "host:port" (plaintext) or "grpcs://host:port" (TLS).
     target: str
-    # The runner's KEEL_TOOL_TOKEN ("" = send none).
+    # The token of this target and tenant (KEEL_TOOL_TOKENS, else
+    # KEEL_TOOL_TOKEN; "" = send none).
     token: str = ""
     # PEM file of the CA a TLS target's certificate must chain to ("" = the
     # system roots); KEEL_TOOL_TLS_CA by default.
@@ -237,8 +240,8 @@ class GrpcToolSource:
             return f"{where} is unreachable or went away mid-call: {details}"
         if code is grpc.StatusCode.UNAUTHENTICATED:
             return (
-                f"authentication refused by {where} (check KEEL_TOOL_TOKEN, sent as "
-                f"{TOKEN_METADATA}): {details}"
+                f"authentication refused by {where} (check the runner's KEEL_TOOL_TOKENS "
+                f"and KEEL_TOOL_TOKEN, sent as {TOKEN_METADATA}): {details}"
             )
         if code is grpc.StatusCode.PERMISSION_DENIED:
             return f"permission denied by {where}: {details}"

@@ -5,7 +5,9 @@ no `timeoutMs` (default 60 s); `KEEL_TOOL_MAX_RESULT_BYTES` the most a tool
 result may hold before it is cut with a note (default 64 KiB; a source's
 `maxResultBytes` may lower it, never raise it); `KEEL_TOOL_TOKEN` is sent to
 gRPC ToolServices as `x-keel-tool-token` (a credential of its own: a tenant
-chooses those targets, so Keel's internal token is never sent to them). The
+chooses those targets, so Keel's internal token is never sent to them), and
+`KEEL_TOOL_TOKENS` gives a target or a tenant a token of its own
+(agent_io.tools.tool_tokens). The
 operator's policy on tool commands and targets is part of the shared
 settings (services.common.secrets: `KEEL_MCP_COMMANDS`, `KEEL_TOOL_TARGETS`).
 """
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from agent_io.tools.base import DEFAULT_MAX_RESULT_BYTES, DEFAULT_TOOL_TIMEOUT_S
+from agent_io.tools.tool_tokens import ToolTokens
 
 SigtermMode = Literal["shutdown", "handoff"]
 DEFAULT_DRAIN_DEADLINE_MS = 30_000
@@ -38,8 +41,8 @@ class RunnerConfig:
     tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S
     # The most a tool result holds before it is cut (KEEL_TOOL_MAX_RESULT_BYTES).
     tool_max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
-    # Sent to gRPC ToolServices (KEEL_TOOL_TOKEN; "" sends none).
-    tool_token: str = field(default="", repr=False)
+    # Sent to gRPC ToolServices (KEEL_TOOL_TOKENS, else KEEL_TOOL_TOKEN).
+    tool_tokens: ToolTokens = field(default_factory=ToolTokens, repr=False)
     # What SIGTERM means: stop in-flight attempts where they are, or hand
     # them off at their next commit boundary.
     sigterm_mode: SigtermMode = "shutdown"
@@ -77,7 +80,7 @@ class RunnerConfig:
             tool_max_result_bytes=int(
                 _positive_number(env, "KEEL_TOOL_MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES)
             ),
-            tool_token=env.get("KEEL_TOOL_TOKEN", ""),
+            tool_tokens=ToolTokens.from_env(env),
             sigterm_mode=mode,  # type: ignore[arg-type]
             handoff_deadline_ms=deadline,
             default_context_window=int(env.get("KEEL_CONTEXT_WINDOW", "128000")),

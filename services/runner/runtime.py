@@ -100,7 +100,7 @@ class Runtime:
             builtin_tools(CounterStore(Path(settings.data_dir) / "counter.sqlite3")),
             settings.secrets,
             os.environ,
-            ToolDefaults(config.tool_timeout_s, config.tool_max_result_bytes, config.tool_token),
+            ToolDefaults(config.tool_timeout_s, config.tool_max_result_bytes, config.tool_tokens),
             blob_sinks=self._blob_sink,
         )
         self.tool_catalog = ToolCatalog(tools.slots)

@@ -20,6 +20,7 @@ import pytest
 from agent_io.loadout import Loadout
 from agent_io.tools import ToolCall, ToolRegistry, idempotency_key
 from agent_io.tools.factory import SourceFactory, ToolDefaults
+from agent_io.tools.tool_tokens import ToolTokens
 from services.common.secrets import SecretPolicy, SecretPolicyError
 from tests.support.mcp_server import HttpMcpServer, server_command
 from tests.support.tool_service import RunningToolService, launch
@@ -49,7 +50,7 @@ def registry(
     env: Mapping[str, str] = RUNNER_ENV,
     token: str = "",
 ) -> ToolRegistry:
-    factory = SourceFactory({}, policy, env, ToolDefaults(grpc_token=token))
+    factory = SourceFactory({}, policy, env, ToolDefaults(grpc_tokens=ToolTokens(token)))
     loadout = Loadout.from_document(1, {"tools": list(tools)})
     return ToolRegistry(factory.slots(tenant, loadout))
 
@@ -242,7 +243,7 @@ async def test_an_allowed_http_server_gets_its_granted_headers(
 
 @pytest.fixture
 def tool_service(tmp_path: Path) -> Iterator[RunningToolService]:
-    service = launch(tmp_path / "effects.json", token="tool-token-for-tests")
+    service = launch(tmp_path / "effects.json", token="tool-token-for-the-policy-tests")
     yield service
     service.stop()
 
@@ -251,7 +252,7 @@ async def test_an_allowed_grpc_service_is_called_with_the_runners_tool_token(
     tool_service: RunningToolService, closing: list[ToolRegistry]
 ) -> None:
     policy = SecretPolicy().with_tool_target(tool_service.address, "acme")
-    tools = registry(policy, grpc(tool_service.address), token="tool-token-for-tests")
+    tools = registry(policy, grpc(tool_service.address), token="tool-token-for-the-policy-tests")
     closing.append(tools)
     assert await run(tools, "billing.echo", text="hi") == (False, "hi")
     other = registry(policy, grpc(tool_service.address), tenant="globex")
