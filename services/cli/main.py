@@ -305,6 +305,7 @@ def up(
     ] = None,
 ) -> None:
     """Start everything: ledger, kernel, runner, compaction, edge and the web page."""
+    from agent_io.tools.tool_tokens import ToolTokens
     from kernel.tenancy import key_weakness
     from services.cli.data_dir import with_internal_token
     from services.cli.supervisor import Supervisor, replica_refusal
@@ -323,6 +324,10 @@ def up(
     weakness = key_weakness(dev_key) if dev_key else None
     if weakness is not None:
         fail(f"keel: KEEL_DEV_KEY: {weakness}", USAGE_EXIT)
+    try:  # the runners' tool tokens (agent_io.tools.tool_tokens), before anything starts
+        ToolTokens.from_env(os.environ)
+    except ValueError as error:
+        fail(f"keel up: {error}", USAGE_EXIT)
     try:
         chosen_model = model_from_flag(model) if model else None
     except ModelChoiceError as error:

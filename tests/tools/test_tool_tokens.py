@@ -148,6 +148,13 @@ def test_a_runner_refuses_unusable_tool_tokens_in_one_line(
     assert line.startswith("keel runner: ") and problem in line, line
 
 
+def test_keel_up_refuses_an_unusable_tool_token_before_starting(tmp_path: Path) -> None:
+    result = run_keel("up", "--data-dir", str(tmp_path), env={"KEEL_TOOL_TOKEN": "tool-token"})
+    assert result.returncode == 2, result
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("keel up: KEEL_TOOL_TOKEN is too weak"), line
+
+
 SERVE = """
 import sys
 from keel_tools import serve_tools
