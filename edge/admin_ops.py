@@ -11,7 +11,11 @@ call these, so who may do what is decided here once:
   404, as another tenant's session is: its existence is not revealed.
 
 The kernel validates loadout documents; its refusal names the field, and
-that name reaches the client in the error message.
+that name reaches the client in the error message. An empty document is
+refused here, before the kernel is asked: it would store a revision that
+silently resets the prompt, the model and the tools (an emptied editor
+buffer, an empty file), so it aborts, as `kubectl edit` does. `null` for an
+optional field is accepted and means "unset" (the default applies).
 """
 
 from __future__ import annotations
@@ -106,6 +110,13 @@ async def put_loadout(
     With `expected_revision` > 0 the put happens only if that is still the
     latest revision (a read-modify-write that lost a race is refused)."""
     _require_tenant_admin(caller)
+    if document is None or document == {}:
+        raise InvalidLoadoutDocument(
+            "the loadout document is empty; nothing was stored (an empty document would "
+            "reset the prompt, the model and the tools: to go back to the defaults, write "
+            "them out)",
+            field="document",
+        )
     if not isinstance(document, dict):
         raise InvalidLoadoutDocument(
             "a loadout is an object (a mapping of fields)", field="document"

@@ -7,6 +7,13 @@ address sending too many unknown keys) before it runs. The key comes in the
 Authorization header; `?access_token=` only where a route allows it (the SSE
 stream, for EventSource, which cannot send headers): anywhere else a key in
 a URL, which ends up in logs and histories, is refused.
+
+Every route names the query parameters it takes (`api_route(query=…)`,
+`plain_route`): any other is a 400 naming it, as an unknown body field is, so
+a misspelt `?pageSize=` is not silently ignored. A JSON body is read by one
+rule on every route (`json_body`): without a Content-Type, or with a JSON one,
+it is JSON; so it is with the types clients send when told nothing (curl -d:
+application/x-www-form-urlencoded; fetch: text/plain); any other is a 415.
 Helpers raise `EdgeError`s; the app's exception handlers turn them (and any
 service's `KeelError`) into JSON `{error: {code, message}}`.
 """
@@ -14,8 +21,9 @@ service's `KeelError`) into JSON `{error: {code, message}}`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
+import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -26,7 +34,7 @@ from edge import bodies
 from edge import metrics as edge_metrics
 from edge.auth import Caller
 from edge.bodies import B
-from edge.errors import BadRequest, Unauthorized, error_response
+from edge.errors import BadRequest, EdgeError, Unauthorized, error_response, shown
 from edge.gateway import Gateway
 from edge.limits import DEFAULT_MAX_BODY_BYTES, Guards, client_address, too_large
 
@@ -38,6 +46,12 @@ MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES
 MAX_INT64 = bodies.MAX_INT64
 
 ApiHandler = Callable[[Request, Caller], Awaitable[Response]]
+PlainHandler = Callable[[Request], Awaitable[Response]]
+# The key's query parameter, on the one route that takes it (`bearer`).
+ACCESS_TOKEN = "access_token"
+# Content-Types read as JSON besides application/json and */*+json: what
+# curl -d and fetch() send for a body they are told nothing about.
+UNTYPED_BODIES = frozenset({"application/x-www-form-urlencoded", "text/plain"})
 # The status counted for a request whose client left before its answer (as
 # nginx logs it): not the edge's error, so not a 500.
 CLIENT_CLOSED = 499
@@ -151,18 +165,82 @@ async def authenticate(request: Request, query_token: bool = False) -> Caller:
     return await gateway_of(request).auth.authenticate(key, address, guards_of(request).failed_keys)
 
 
+class UnsupportedMediaType(EdgeError):
+    """A body sent as something else than JSON where JSON is read."""
+
+    status = 415
+    code = "unsupported_media_type"
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "UNSUPPORTED_MEDIA_TYPE"
+
+
+def check_query(request: Request, allowed: Collection[str]) -> None:
+    """Refuses a query parameter the route does not take, naming it."""
+    for name in request.query_params:
+        if name not in allowed:
+            takes = ", ".join(sorted(allowed)) if allowed else "no query parameters"
+            raise BadRequest(
+                f"unknown query parameter {shown(name)}; {request.method} "
+                f"{request.url.path} takes {takes}",
+                field=name[:64],
+            )
+
+
+class CheckedRoute(Route):
+    """A route with the query parameters it takes (the OpenAPI document
+    lists the same ones; tests/edge/test_query_params.py holds them equal)."""
+
+    def __init__(
+        self,
+        path: str,
+        endpoint: PlainHandler,
+        methods: list[str],
+        name: str,
+        query: frozenset[str],
+    ) -> None:
+        super().__init__(path, endpoint, methods=methods, name=name)
+        self.query = query
+
+
 def api_route(
-    path: str, handler: ApiHandler, methods: list[str], *, query_token: bool = False
+    path: str,
+    handler: ApiHandler,
+    methods: list[str],
+    *,
+    query: Collection[str] = (),
+    query_token: bool = False,
 ) -> Route:
     """A route of the API, named after its handler; the one place that
-    authenticates: the handler runs only for a known key. `query_token`:
-    the key may come as `?access_token=` (the SSE stream only)."""
+    authenticates: the handler runs only for a known key. `query`: the
+    query parameters it takes (any other is a 400). `query_token`: the key
+    may come as `?access_token=` (the SSE stream only)."""
+    allowed = frozenset(query) | ({ACCESS_TOKEN} if query_token else set())
 
     async def endpoint(request: Request) -> Response:
         caller = await authenticate(request, query_token)
+        check_query(request, allowed)
         return await handler(request, caller)
 
-    return Route(path, endpoint, methods=methods, name=handler.__name__)
+    return CheckedRoute(path, endpoint, methods, handler.__name__, allowed)
+
+
+def plain_route(
+    path: str,
+    handler: PlainHandler,
+    methods: list[str],
+    *,
+    query: Collection[str] = (),
+    name: str | None = None,
+) -> Route:
+    """A route that needs no API key (probes, the document), with the same
+    check of its query parameters."""
+    allowed = frozenset(query)
+
+    async def endpoint(request: Request) -> Response:
+        check_query(request, allowed)
+        return await handler(request)
+
+    return CheckedRoute(path, endpoint, methods, name or handler.__name__, allowed)
 
 
 def body_limit(request: Request) -> int:
@@ -186,10 +264,29 @@ async def read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def check_json_media(request: Request) -> None:
+    """Refuses (415) a body whose Content-Type says it is not JSON."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if not media or media == "application/json" or media.endswith("+json"):
+        return
+    if media in UNTYPED_BODIES:
+        return
+    raise UnsupportedMediaType(
+        f"the body must be JSON (Content-Type: application/json), not {shown(media)}"
+    )
+
+
+async def json_body(request: Request) -> bytes:
+    """The raw JSON body of a request, by the one rule of every JSON route:
+    its Content-Type checked, its size limited."""
+    check_json_media(request)
+    return await read_limited(request, body_limit(request))
+
+
 async def typed_body(request: Request, schema: type[B]) -> B:
     """The request's JSON body decoded into `schema` (an empty body is {}),
     in one pass that refuses bad JSON, wrong types and unknown fields (400)."""
-    return bodies.decode(await read_limited(request, body_limit(request)), schema)
+    return bodies.decode(await json_body(request), schema)
 
 
 def is_count(raw: str) -> bool:

@@ -415,9 +415,22 @@ _SCHEMAS: dict[str, Schema] = {
     "LoadoutStored": _object(["revision"], {"revision": _SEQ}),
     "LoadoutDocument": {
         "type": "object",
+        "minProperties": 1,
         "description": "SPEC §10: systemPrompt, model, compaction, admission, tools. "
-        "Unknown fields are refused; secrets only by env-var name (apiKeyEnv, headersEnv).",
+        "Unknown fields are refused; secrets only by env-var name (apiKeyEnv, headersEnv); "
+        "null unsets a field.",
     },
+    "LoadoutReadBack": _object(
+        ["document"],
+        {
+            "revision": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "the revision read; stored only if still the latest (If-Match)",
+            },
+            "document": _ref("LoadoutDocument"),
+        },
+    ),
     "Tenant": _object(
         ["id", "name", "createdAtMs"],
         {"id": _TENANT_ID_SCHEMA, "name": _STRING, "createdAtMs": _COUNT},
@@ -819,8 +832,11 @@ _PATHS: dict[str, Schema] = {
         "put": {
             "operationId": "putLoadout",
             "summary": "Store a new revision of the tenant's loadout (admin key)",
-            "description": "The body is the document. Attempts already running keep the "
-            "revision they started with; the next attempt uses the new one.",
+            "description": "The body is the document, or GET /v1/loadout's answer "
+            "(`{revision, document}`) edited: its revision is then the If-Match. An empty "
+            "document is refused (it would reset the prompt, model and tools); `null` "
+            "unsets a field. Attempts already running keep the revision they started "
+            "with; the next attempt uses the new one.",
             "parameters": [
                 {
                     "name": "If-Match",
@@ -830,10 +846,13 @@ _PATHS: dict[str, Schema] = {
                     "schema": _STRING,
                 }
             ],
-            "requestBody": _body(_ref("LoadoutDocument")),
+            "requestBody": _body({"anyOf": [_ref("LoadoutDocument"), _ref("LoadoutReadBack")]}),
             "responses": {
                 "200": _json(_ref("LoadoutStored"), "Stored", _ETAG),
-                "400": _error("Invalid document (the message names the field)"),
+                "400": _error(
+                    "Invalid or empty document (the message names the field), or an "
+                    "If-Match other than the body's revision"
+                ),
                 "403": _error("Not an admin key"),
                 "412": _error("If-Match names another revision than the latest"),
                 **_TOO_LARGE,
@@ -994,6 +1013,41 @@ _PATHS: dict[str, Schema] = {
     },
 }
 
+
+def _with_common_refusals(paths: dict[str, Schema]) -> dict[str, Schema]:
+    """What any operation may answer besides its own (the page aside, whose
+    URL is the browser's): 400 for a query parameter it does not take, 431
+    for a request head over the limit; 415 wherever a JSON body is read."""
+    for path, item in paths.items():
+        if path == "/":
+            continue
+        for method, operation in item.items():
+            if method == "parameters":
+                continue
+            responses = operation["responses"]
+            if method == "head":
+                responses.setdefault("400", {"description": "An unknown query parameter"})
+                responses.setdefault("431", {"description": _HEAD_TOO_LARGE})
+                continue
+            responses.setdefault(
+                "400", _error("Bad input: a query parameter this operation does not take")
+            )
+            responses.setdefault("431", _error(_HEAD_TOO_LARGE))
+            if "application/json" in operation.get("requestBody", {}).get("content", {}):
+                responses.setdefault("415", _error(_NOT_JSON))
+    return paths
+
+
+_HEAD_TOO_LARGE = (
+    "The request's head is over the edge's limit (KEEL_EDGE_MAX_HEAD_BYTES, default 32 KiB; "
+    "KEEL_EDGE_MAX_HEADERS lines, default 100); the connection is closed"
+)
+_NOT_JSON = (
+    "The body's Content-Type is not JSON. Without one, or with application/json, "
+    "*/*+json, application/x-www-form-urlencoded (curl -d) or text/plain (fetch), the body "
+    "is read as JSON; `unsupported_media_type`"
+)
+
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {
@@ -1003,7 +1057,9 @@ OPENAPI: dict[str, Any] = {
         "The key goes in the Authorization header (`Bearer <key>`); `?access_token=` is "
         "accepted on GET /v1/sessions/{id}/events only. Unknown keys are limited per "
         "client address (429 with Retry-After), event streams per key and per tenant "
-        "(429), and a request's head and body must keep arriving (408). Every answer "
+        "(429), and a request's head and body must keep arriving (408). A request's head "
+        "is at most 32 KiB and 100 header lines (431). A query parameter an operation does "
+        "not list is refused (400), as an unknown body field is. Every answer "
         "carries X-Content-Type-Options: nosniff, a Content-Security-Policy with "
         "frame-ancestors 'none', X-Frame-Options: DENY and Referrer-Policy: no-referrer.",
     },
@@ -1012,5 +1068,5 @@ OPENAPI: dict[str, Any] = {
         "schemas": _SCHEMAS,
     },
     "security": [{"bearer": []}],
-    "paths": _PATHS,
+    "paths": _with_common_refusals(_PATHS),
 }

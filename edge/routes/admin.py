@@ -2,6 +2,11 @@
 
 Thin: each handler reads the request, calls edge/admin_ops.py (which the
 gRPC front door calls too) and shapes the JSON answer.
+
+`PUT /v1/loadout` takes the document itself, or what `GET /v1/loadout`
+answered (`{revision, document}`, edited): then the revision is the put's
+If-Match, so a read-modify-write of what was read is refused (412) if
+someone stored another revision meanwhile.
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ from edge import admin_ops
 from edge.auth import Caller
 from edge.bodies import CreateKeyBody, CreateTenantBody
 from edge.errors import BadRequest
-from edge.http import api_route, body_limit, gateway_of, is_count, read_limited, typed_body
+from edge.http import api_route, gateway_of, is_count, json_body, typed_body
+
+# The members of GET /v1/loadout's answer; no loadout field is named so.
+READ_BACK = frozenset({"revision", "document"})
 
 
 def _etag(revision: int) -> str:
@@ -40,14 +48,35 @@ def _if_match(request: Request) -> int:
 
 
 async def _document(request: Request) -> Any:
-    media = request.headers.get("content-type", "application/json").split(";")[0].strip()
-    if media and media != "application/json" and not media.endswith("+json"):
-        raise BadRequest("send the loadout as JSON (Content-Type: application/json)")
-    raw = await read_limited(request, body_limit(request))
+    """The body as JSON (None: no body at all)."""
+    raw = await json_body(request)
+    if not raw.strip():
+        return None
     try:
         return json.loads(raw)
     except (ValueError, UnicodeError, RecursionError):
         raise BadRequest("the body is not valid JSON") from None
+
+
+def _read_back(body: Any, if_match: int) -> tuple[Any, int]:
+    """(document, expected revision) of a PUT body: the document itself, or
+    GET /v1/loadout's answer, whose revision is an If-Match."""
+    if not isinstance(body, dict) or "document" not in body or not body.keys() <= READ_BACK:
+        return body, if_match
+    revision = body.get("revision")
+    if revision is None:
+        return body["document"], if_match
+    if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
+        raise BadRequest(
+            "revision: the loadout revision GET /v1/loadout answered (an integer >= 0)",
+            field="revision",
+        )
+    if if_match and revision and if_match != revision:
+        raise BadRequest(
+            f"If-Match names revision {if_match} and the body revision {revision}; send one",
+            field="revision",
+        )
+    return body["document"], if_match or revision
 
 
 async def get_loadout(request: Request, caller: Caller) -> Response:
@@ -58,8 +87,7 @@ async def get_loadout(request: Request, caller: Caller) -> Response:
 
 
 async def put_loadout(request: Request, caller: Caller) -> Response:
-    expected = _if_match(request)
-    document = await _document(request)
+    document, expected = _read_back(await _document(request), _if_match(request))
     revision = await admin_ops.put_loadout(gateway_of(request), caller, document, expected)
     return JSONResponse({"revision": revision}, headers={"ETag": _etag(revision)})
 
@@ -113,7 +141,7 @@ routes: list[Route] = [
     api_route("/v1/loadout", put_loadout, ["PUT"]),
     api_route("/v1/tenants", list_tenants, ["GET"]),
     api_route("/v1/tenants", create_tenant, ["POST"]),
-    api_route("/v1/keys", list_keys, ["GET"]),
+    api_route("/v1/keys", list_keys, ["GET"], query=("tenant",)),
     api_route("/v1/keys", create_key, ["POST"]),
     api_route("/v1/keys/{keyId}", revoke_key, ["DELETE"]),
 ]

@@ -15,7 +15,7 @@ from starlette.staticfiles import StaticFiles
 
 from edge.auth import Caller, require_operator
 from edge.errors import error_response
-from edge.http import api_route, gateway_of, metrics_of
+from edge.http import api_route, gateway_of, metrics_of, plain_route
 from edge.openapi import OPENAPI
 from services.common.errors import KeelError
 
@@ -73,10 +73,12 @@ async def page(request: Request) -> Response:
 
 
 routes: list[BaseRoute] = [
-    Route("/healthz", healthz, methods=["GET"]),
-    Route("/readyz", readyz, methods=["GET"]),
+    plain_route("/healthz", healthz, ["GET"]),
+    plain_route("/readyz", readyz, ["GET"]),
     api_route("/metrics", metrics, ["GET"]),
-    Route("/openapi.json", openapi, methods=["GET"]),
+    plain_route("/openapi.json", openapi, ["GET"]),
+    # The page and its files are the browser's: what a link adds to their
+    # URLs (a campaign tag, a cache buster) is no one's business here.
     Route("/", page, methods=["GET"]),
     Mount("/static", StaticFiles(directory=STATIC), name="static"),
 ]

@@ -20,7 +20,7 @@ from edge.auth import Caller, require_admin, require_operator
 from edge.bodies import DrainBody, LocalDrainBody, UndoDrainBody
 from edge.errors import BadRequest, Conflict, Forbidden, Unauthorized
 from edge.gateway import Gateway
-from edge.http import api_route, client_host, gateway_of, typed_body
+from edge.http import api_route, client_host, gateway_of, plain_route, typed_body
 from edge.runtime_ops import drain_runtimes, drain_this_edge, undo_drains
 from edge.runtime_status import report
 from services.common.internal_auth import TOKEN_HEADER
@@ -115,5 +115,5 @@ routes: list[Route] = [
     api_route("/v1/runtime/drain", drain, ["POST"]),
     api_route("/v1/runtime/drain/undo", undo_drain, ["POST"]),
     api_route("/v1/runtime/status", runtime_status, ["GET"]),
-    Route(LOCAL_DRAIN_PATH, local_drain, methods=["POST"], name="local_drain"),
+    plain_route(LOCAL_DRAIN_PATH, local_drain, ["POST"]),
 ]

@@ -123,12 +123,18 @@ async def context(request: Request, caller: Caller) -> Response:
 
 routes: list[Route] = [
     api_route("/v1/sessions", create_session, ["POST"]),
-    api_route("/v1/sessions", list_sessions, ["GET"]),
+    api_route("/v1/sessions", list_sessions, ["GET"], query=("after", "limit")),
     api_route("/v1/sessions/{id}", get_session, ["GET"]),
     api_route("/v1/sessions/{id}/inputs", post_input, ["POST"]),
     api_route("/v1/sessions/{id}/retry", retry_input, ["POST"]),
     api_route("/v1/sessions/{id}/cancel", cancel, ["POST"]),
     # EventSource cannot send headers: the one route taking ?access_token=.
-    api_route("/v1/sessions/{id}/events", events, ["GET"], query_token=True),
-    api_route("/v1/sessions/{id}/context", context, ["GET"]),
+    api_route(
+        "/v1/sessions/{id}/events",
+        events,
+        ["GET"],
+        query=("after", "limit", "format"),
+        query_token=True,
+    ),
+    api_route("/v1/sessions/{id}/context", context, ["GET"], query=("at",)),
 ]

@@ -7,7 +7,10 @@ stderr and a non-zero exit: a refused document names the field, an
 unreachable edge says so, and nothing prints a traceback.
 
 Loadouts are written in YAML or JSON (told apart by content) and always
-sent as JSON; `get` prints YAML unless --json.
+sent as JSON; `get` prints YAML unless --json. An empty document (an empty
+file, an emptied editor buffer) is never stored: it would reset the prompt,
+the model and the tools. `set` refuses it; `edit` is cancelled, as `kubectl
+edit` is. A document identical to the stored one stores nothing either.
 """
 
 from __future__ import annotations
@@ -106,7 +109,7 @@ def parse_document(text: str, source: str) -> dict[str, Any]:
         problem = getattr(error, "problem", None) or "unreadable"
         fail(f"keel: {source} is not valid YAML: {problem}{where}")
     if document is None:
-        document = {}
+        document = {}  # nothing but comments or blanks
     if not isinstance(document, dict):
         fail(f"keel: {source}: a loadout is a mapping of fields, not a {type(document).__name__}")
     return document
@@ -115,6 +118,12 @@ def parse_document(text: str, source: str) -> dict[str, Any]:
 def as_yaml(document: dict[str, Any], revision: int) -> str:
     body = yaml.safe_dump(document, sort_keys=False, allow_unicode=True) if document else "{}\n"
     return f"# loadout revision {revision}\n{body}"
+
+
+def current(edge: Edge) -> tuple[int, dict[str, Any]]:
+    """The tenant's loadout as stored: (revision, document)."""
+    answer = edge.json("GET", "/v1/loadout")
+    return answer["revision"], answer["document"]
 
 
 def put(edge: Edge, document: dict[str, Any], expected_revision: int = 0) -> int:
@@ -156,16 +165,27 @@ def loadout_set(
         text = typer.get_text_stream("stdin").read() if source == "stdin" else file.read_text()
     except (OSError, UnicodeDecodeError) as error:
         fail(f"keel: cannot read {source}: {getattr(error, 'strerror', None) or error}")
-    revision = put(edge, parse_document(text, source), if_match)
+    document = parse_document(text, source)
+    if not document:
+        fail(
+            f"keel: {source} holds an empty loadout; nothing stored (it would reset the "
+            "prompt, the model and the tools: write the fields you want out)"
+        )
+    revision, stored = current(edge)
+    if document == stored and if_match in (0, revision):
+        print(f"no change (the loadout is at revision {revision}); nothing stored")
+        return
+    revision = put(edge, document, if_match)
     print(f"loadout revision {revision} stored; the next attempt of each session uses it")
 
 
 @loadout_app.command("edit")
 def loadout_edit(url: Url = None, data_dir: DataDir = None, key: Key = None) -> None:
-    """Edit the loadout in $EDITOR (as YAML) and store it."""
+    """Edit the loadout in $EDITOR (as YAML) and store it; an emptied
+    buffer cancels the edit."""
     edge = Edge(url, data_dir, key)
-    answer = edge.json("GET", "/v1/loadout")
-    revision, original = answer["revision"], as_yaml(answer["document"], answer["revision"])
+    revision, stored = current(edge)
+    original = as_yaml(stored, revision)
     editor = shlex.split(os.environ.get("EDITOR") or "vi")
     with tempfile.TemporaryDirectory(prefix="keel-loadout-") as folder:
         path = Path(folder) / "loadout.yaml"
@@ -180,9 +200,16 @@ def loadout_edit(url: Url = None, data_dir: DataDir = None, key: Key = None) -> 
     if edited == original:
         print("no change; nothing stored")
         return
+    document = parse_document(edited, "the edited loadout")
+    if not document:
+        print("edit cancelled: the edited loadout is empty; nothing stored")
+        return
+    if document == stored:
+        print("no change; nothing stored")
+        return
     # If-Match: a change someone stored meanwhile is refused, not overwritten.
-    stored = put(edge, parse_document(edited, "the edited loadout"), revision)
-    print(f"loadout revision {stored} stored; the next attempt of each session uses it")
+    new_revision = put(edge, document, revision)
+    print(f"loadout revision {new_revision} stored; the next attempt of each session uses it")
 
 
 # ------------------------------------------------------------------ tenants

@@ -144,9 +144,10 @@ async def test_loadout_set_names_the_new_revision_in_the_next_attempt_only(
     assert yaml.safe_load(shown.stdout) == yaml.safe_load(REVISED_YAML)
     as_json = await keel_cli("loadout", "get", "--json", env=_env(running))
     assert json.loads(as_json.stdout) == yaml.safe_load(REVISED_YAML)
-    # JSON files are read too, told apart by their content.
+    # JSON files are read too, told apart by their content (the same
+    # document stores nothing: tests/edge/test_loadout_edits.py).
     json_file = tmp_path / "loadout.txt"
-    json_file.write_text(as_json.stdout)
+    json_file.write_text(json.dumps({**json.loads(as_json.stdout), "systemPrompt": "As JSON."}))
     again = await keel_cli("loadout", "set", str(json_file), env=_env(running))
     assert again.returncode == 0 and f"revision {revision + 1} " in again.stdout
 

@@ -314,6 +314,8 @@ async def test_real_responses_conform_to_the_document(stack: Stack, runner: Runn
         # -- what needs no key
         for path in ("/healthz", "/readyz", "/openapi.json", "/"):
             check(path, await anonymous.get(path))
+        for path in ("/healthz", "/readyz", "/openapi.json"):
+            check(path, await anonymous.get(path, params={"pageSize": "5"}))  # 400
         # -- metrics: an operator key's only
         check("/metrics", await http.get("/metrics"))
         check("/metrics", await anonymous.get("/metrics"))
