@@ -25,6 +25,10 @@ T = TypeVar("T")
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 ROOT = Path(__file__).resolve().parent.parent
+# MCP test servers run the test's interpreter and write into the test's
+# private tmp dirs, which the sandbox's uid cannot reach: runners of the tests
+# start them unsandboxed (tests/tools/test_child_secrets.py turns it on).
+os.environ.setdefault("KEEL_TOOL_SANDBOX", "off")
 
 
 def pg_url() -> str:

@@ -4,11 +4,10 @@ A stdio server is a child process of the runner: started on first use,
 started again on the next use after it exited, and stopped by `aclose()`
 (drain and shutdown). Its environment is PATH, HOME and LANG of the runner
 plus the loadout's resolved `env`, nothing else: the runner's other
-variables hold its secrets. The SDK merges a few more of the parent's
-variables into a child's environment, so the child is started through
-`env -i`, which clears the environment, sets exactly ours and executes the
-server in the same process. Each line the server writes on stderr becomes
-one record of the `keel.tools.mcp` logger, prefixed with the server's name.
+variables hold its secrets. It starts inside a sandbox that keeps the
+runner's secrets out of its reach (agent_io.tools.child_sandbox). Each line
+the server writes on stderr becomes one record of the `keel.tools.mcp`
+logger, prefixed with the server's name.
 
 A streamable-HTTP server gets the resolved headers on every request.
 
@@ -48,7 +47,9 @@ from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED, Implementation, RequestParamsMeta
 from pydantic import ValidationError
 
+from agent_io.tools import child_sandbox
 from agent_io.tools.base import BlobSink, ToolCall, ToolOutcome, ToolSpec
+from agent_io.tools.child_sandbox import ChildLaunch
 from agent_io.tools.mcp_results import MalformedResult, outcome_from_result
 
 if TYPE_CHECKING:  # the SDK's own names for these types live in private modules
@@ -274,7 +275,11 @@ class _Connection:
         return await stack.enter_async_context(client)
 
     async def _stdio(self, stack: AsyncExitStack) -> Transport:
-        params = _child_parameters(self._config)
+        launch = _child_launch(self._config)
+        stack.callback(launch.cleanup)  # runs last: after the server has stopped
+        params = StdioServerParameters(
+            command=launch.command, args=launch.args, env=launch.env, cwd=launch.cwd
+        )
         read_fd, write_fd = os.pipe()
         errlog: TextIO = os.fdopen(write_fd, "w")
         try:
@@ -305,9 +310,9 @@ class _Connection:
         return streamable_http_client(self._config.url, http_client=http)
 
 
-def _child_parameters(config: McpServerConfig) -> StdioServerParameters:
-    """`[setpriv --pdeathsig KILL --] env -i NAME=VALUE... /path/to/server ARGS...`,
-    checked before anything starts."""
+def _child_launch(config: McpServerConfig) -> ChildLaunch:
+    """How the server starts (agent_io.tools.child_sandbox), checked before
+    anything starts."""
     if not config.command:
         raise _Unavailable("no command configured")
     env = {n: os.environ[n] for n in INHERITED_VARIABLES if n in os.environ}
@@ -318,23 +323,10 @@ def _child_parameters(config: McpServerConfig) -> StdioServerParameters:
     executable = shutil.which(config.command[0], path=env.get("PATH", os.defpath))
     if executable is None:
         raise _Unavailable(f"command not found: {config.command[0]!r}")
-    executable = os.path.abspath(executable)
-    launcher = shutil.which("env") or "/usr/bin/env"
-    if "=" in executable:  # `env` would read it as one more variable
-        raise _Unavailable(f"cannot start a command whose path contains '=': {executable}")
-    assignments = [f"{name}={value}" for name, value in env.items()]
-    args = ["-i", *assignments, executable, *config.command[1:]]
-    # A runner killed with SIGKILL cannot stop its children. A server that
-    # reads stdin ends when the pipe closes, but one busy in a blocking tool
-    # would outlive the runner as an orphan: with util-linux's setpriv the
-    # kernel kills the child when the runner dies (the SDK offers no
-    # preexec_fn to set the parent-death signal otherwise).
-    setpriv = shutil.which("setpriv")
-    if setpriv is not None:
-        return StdioServerParameters(
-            command=setpriv, args=["--pdeathsig", "KILL", "--", launcher, *args]
-        )
-    return StdioServerParameters(command=launcher, args=args)
+    try:
+        return child_sandbox.launch(os.path.abspath(executable), config.command[1:], env)
+    except child_sandbox.SandboxError as error:
+        raise _Unavailable(str(error)) from None
 
 
 class _StderrLog:

@@ -6,6 +6,9 @@ bind such as 0.0.0.0 must name one: registering 127.0.0.1 would send every
 edge to itself). It also records itself under the data dir for `keel drain
 --local` (services/common/runtime_records.py).
 
+Before anything else a runner protects its secrets from the MCP servers it
+will start (`protect_secrets_from_tools`).
+
 A standalone runner exits 0 once a drain has finished: it is replaced (a
 new pod, a new child of `keel up --processes`), never revived.
 """
@@ -14,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from pathlib import Path
 
+from agent_io.tools import child_sandbox
 from compaction.server import CompactionMount, compaction_service
 from services.common.config import Settings
 from services.common.runtime_records import (
@@ -74,6 +79,17 @@ def advertised_address(address: str, port: int, advertise: str = "") -> str:
     return f"{host}:{port}"
 
 
+def protect_secrets_from_tools(settings: Settings) -> None:
+    """Before any tool server starts: this process becomes undumpable and MCP
+    stdio servers start in a sandbox that hides the data dir and the TLS key
+    (agent_io.tools.child_sandbox). Process-wide, so it holds for a runner
+    inside `keel up` too."""
+    masks: list[str | os.PathLike[str]] = [settings.data_dir]
+    if settings.grpc_tls_key:
+        masks.append(settings.grpc_tls_key)
+    child_sandbox.configure(child_sandbox.SandboxPolicy.from_env(os.environ, masks))
+
+
 class RunnerServer:
     """A runtime (claim loop) plus its gRPC service on one address."""
 
@@ -99,6 +115,7 @@ class RunnerServer:
 
     async def start(self) -> RunnerServer:
         check_addresses(self.address, self.config.advertise_address)
+        protect_secrets_from_tools(self.settings)
         # Bind first so the runtime registers the address the edge can reach.
         runtime = Runtime(self.config, self.settings, compaction=self.compaction)
         services = [runner_service(runtime)]
