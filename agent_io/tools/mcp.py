@@ -30,21 +30,22 @@ import math
 import os
 import re
 import shutil
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TextIO, cast
+from typing import TYPE_CHECKING, Any, Literal, TextIO, TypeVar, cast
 
 import anyio
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client import Transport
 from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
+from mcp.client.streamable_http import MCP_SESSION_ID, streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
-from mcp_types import CONNECTION_CLOSED, Implementation, RequestParamsMeta
+from mcp_types import CONNECTION_CLOSED, CallToolResult, Implementation, RequestParamsMeta
 from pydantic import ValidationError
 
 from agent_io.tools import child_sandbox
@@ -71,6 +72,7 @@ _LIST_PAGE_CAP = 100
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 log = logging.getLogger("keel.tools.mcp")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -121,54 +123,64 @@ class McpSource:
 
     async def _fetch_specs(self) -> tuple[ToolSpec, ...]:
         timeout_s = self._config.connect_timeout_s
-        connection: _Connection | None = None
-        specs: list[ToolSpec] = []
         try:
             async with asyncio.timeout(timeout_s):
-                connection = await self._open()
-                client = await connection.client()
-                cursor: str | None = None
-                for _ in range(_LIST_PAGE_CAP):
-                    page = await client.list_tools(cursor=cursor)
-                    specs.extend(
-                        ToolSpec(t.name, t.description or "", t.input_schema) for t in page.tools
-                    )
-                    cursor = page.next_cursor
-                    if cursor is None:
-                        break
+                return await self._on_session(_list_all)
         except TimeoutError:
             raise McpSourceError(
                 f"{self._describe()}: no tool list within {timeout_s:g} s"
             ) from None
         except Exception as exc:
-            if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED and connection:
-                exc = _Unavailable(await connection.ended_because(exc.error.message))
             raise McpSourceError(f"{self._describe()}: {_reason(exc)}") from None
-        return tuple(specs)
 
     async def call(self, call: ToolCall, timeout_s: float) -> ToolOutcome:
         # `_meta` is an open map on the wire; the SDK's TypedDict names only the reserved keys.
         meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: call.idempotency_key})
-        connection: _Connection | None = None
+
+        async def call_tool(client: Client) -> CallToolResult:
+            return await client.call_tool(call.name, dict(call.arguments), meta=meta)
+
         try:
             async with asyncio.timeout(timeout_s):
-                connection = await self._open()
-                client = await connection.client()
-                result = await client.call_tool(call.name, dict(call.arguments), meta=meta)
+                result = await self._on_session(call_tool)
                 return await outcome_from_result(result, self._blob_sink)
         except TimeoutError:
             return self._error(call, f"no result within {timeout_s:g} s")
+        except _WentAway as exc:
+            return self._error(call, f"the server went away during the call ({exc})")
         except _Unavailable as exc:
             return self._error(call, f"server unavailable: {exc}")
         except MCPError as exc:
-            if exc.code != CONNECTION_CLOSED or connection is None:
-                return self._error(call, f"MCP error {exc.code}: {exc.error.message}")
-            why = await connection.ended_because(exc.error.message)
-            return self._error(call, f"the server went away during the call ({why})")
+            return self._error(call, f"MCP error {exc.code}: {exc.error.message}")
         except (ValidationError, MalformedResult) as exc:
             return self._error(call, f"malformed result: {_reason(exc)}")
         except Exception as exc:  # the SDK's other refusals (output schema, input rounds)
             return self._error(call, f"failed: {_reason(exc)}")
+
+    async def _on_session(self, use: Callable[[Client], Awaitable[_T]]) -> _T:
+        """`use(client)` on the live session. When the server no longer knows
+        the session (it restarted, or expired it), a new session is started
+        and `use` runs again, once: the server refused the first request
+        without running it (the spec's answer to a 404)."""
+        try:
+            return await self._use(await self._open(), use)
+        except _SessionLost as lost:
+            log.info("%s: %s; starting a new session", self._config.label, lost)
+        try:
+            return await self._use(await self._open(), use)
+        except _SessionLost as lost:
+            raise lost.error from None
+
+    async def _use(self, connection: _Connection, use: Callable[[Client], Awaitable[_T]]) -> _T:
+        client = await connection.client()
+        try:
+            return await use(client)
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                raise _WentAway(await connection.ended_because(exc.error.message)) from None
+            if await connection.session_lost(client):
+                raise _SessionLost(exc) from None
+            raise
 
     async def aclose(self) -> None:
         self._closed = True
@@ -201,6 +213,30 @@ class _Unavailable(Exception):
     """The connection could not be made, or was closed before it was."""
 
 
+class _WentAway(Exception):
+    """The connection ended during a request (the message says why)."""
+
+
+class _SessionLost(Exception):
+    """The server refused a request: it does not know the session."""
+
+    def __init__(self, error: MCPError) -> None:
+        super().__init__(f"the server no longer knows the session ({error.error.message})")
+        self.error = error
+
+
+async def _list_all(client: Client) -> tuple[ToolSpec, ...]:
+    specs: list[ToolSpec] = []
+    cursor: str | None = None
+    for _ in range(_LIST_PAGE_CAP):
+        page = await client.list_tools(cursor=cursor)
+        specs.extend(ToolSpec(t.name, t.description or "", t.input_schema) for t in page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return tuple(specs)
+
+
 class _Connection:
     """One session with the server, entered and left by a task of its own."""
 
@@ -211,6 +247,8 @@ class _Connection:
         self._transport_ended = asyncio.Event()
         self._scope = anyio.CancelScope(deadline=anyio.current_time() + config.connect_timeout_s)
         self._failure: str | None = None
+        # The last status a streamable-HTTP server refused this session with.
+        self._refused: int | None = None
         self._task = asyncio.create_task(self._run(), name=f"mcp-{config.label}")
 
     @property
@@ -229,6 +267,29 @@ class _Connection:
             return self._failure
         generic = seen in ("", "Connection closed")
         return "its process exited or the connection closed" if generic else seen
+
+    async def session_lost(self, client: Client) -> bool:
+        """Whether the server has forgotten this session: it answered 404 to
+        a request carrying the session id (the spec's "start a new session"),
+        or 400 (some servers' answer to an unknown id) and then refuses a
+        second request too. A lost session's connection is ended: the next use starts
+        a new one."""
+        refused, self._refused = self._refused, None
+        if refused == HTTPStatus.BAD_REQUEST:
+            with contextlib.suppress(MCPError):
+                await client.list_tools()  # any request: ping is gone from newer protocols
+            # Refused the same way: the session, not the request, was the problem.
+            ping_refused, self._refused = self._refused, None
+            refused = HTTPStatus.NOT_FOUND if ping_refused is not None else None
+        if refused != HTTPStatus.NOT_FOUND:
+            return False
+        self._stop.set()
+        return True
+
+    async def _saw_response(self, response: httpx2.Response) -> None:
+        refusal = response.status_code in (HTTPStatus.BAD_REQUEST, HTTPStatus.NOT_FOUND)
+        if refusal and MCP_SESSION_ID in response.request.headers:
+            self._refused = response.status_code
 
     async def aclose(self) -> None:
         self._stop.set()
@@ -304,7 +365,9 @@ class _Connection:
 
     async def _http(self, stack: AsyncExitStack) -> Transport:
         http = httpx2.AsyncClient(
-            headers=dict(self._config.headers), timeout=httpx2.Timeout(30.0, read=300.0)
+            headers=dict(self._config.headers),
+            timeout=httpx2.Timeout(30.0, read=300.0),
+            event_hooks={"response": [self._saw_response]},
         )
         await stack.enter_async_context(http)
         return streamable_http_client(self._config.url, http_client=http)
@@ -437,5 +500,7 @@ def _reason(exc: BaseException) -> str:
     # The first line: some messages go on with a whole schema or traceback.
     text = (str(exc).strip() or type(exc).__name__).splitlines()[0]
     return (
-        text if isinstance(exc, _Unavailable | MalformedResult) else f"{type(exc).__name__}: {text}"
+        text
+        if isinstance(exc, _Unavailable | _WentAway | MalformedResult)
+        else f"{type(exc).__name__}: {text}"
     )

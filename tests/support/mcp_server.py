@@ -2,9 +2,12 @@
 
     python -m tests.support.mcp_server --transport stdio|http [--port N]
         [--effects PATH] [--log PATH] [--require-header NAME:VALUE]
+        [--handshake-only]
 
 Over http it serves streamable HTTP on 127.0.0.1 and prints its URL as the
-first line of stdout, so a test knows when it can connect. Its tools cover
+first line of stdout, so a test knows when it can connect; with
+`--handshake-only` it speaks only the protocol's handshake era, where a
+client holds a session (Mcp-Session-Id) that a restart of the server ends. Its tools cover
 every shape of result Keel maps and every way a call can go wrong:
 
 - `echo {text}` text; `add {a, b}` structured content and text; `fail {}` a
@@ -54,7 +57,7 @@ from mcp_types import (
     TextResourceContents,
 )
 from pydantic import BaseModel
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 IDEMPOTENCY_META_KEY = "keel/idempotencyKey"
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -222,8 +225,51 @@ class RequireHeader:
         await self._app(scope, receive, send)
 
 
-async def serve_http(server: MCPServer, port: int, require_header: str | None) -> None:
+class HandshakeOnly:
+    """Refuses `server/discover`, as a server of the handshake era (the
+    protocol before 2026-07-28, spoken by most servers in use) does: clients
+    fall back to `initialize`, and the server keeps a session for them, named
+    by the Mcp-Session-Id header, that a restart forgets."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self._app(scope, receive, send)
+            return
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        request = json.loads(body or b"null")
+        if isinstance(request, dict) and request.get("method") == "server/discover":
+            error = {"code": -32601, "message": "Method not found: server/discover"}
+            reply = json.dumps({"jsonrpc": "2.0", "id": request.get("id"), "error": error})
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": reply.encode()})
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self._app(scope, replay, send)
+
+
+async def serve_http(
+    server: MCPServer, port: int, require_header: str | None, handshake_only: bool = False
+) -> None:
     app: ASGIApp = server.streamable_http_app(host="127.0.0.1")
+    if handshake_only:
+        app = HandshakeOnly(app)
     if require_header:
         name, _, value = require_header.partition(":")
         app = RequireHeader(app, name.strip(), value.strip())
@@ -232,9 +278,12 @@ async def serve_http(server: MCPServer, port: int, require_header: str | None) -
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
+    # Listening before the URL is printed: a client that connects at once
+    # (a test restarting the server on the same port) waits in the backlog
+    # until uvicorn accepts, rather than being refused.
+    sock.listen(128)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     http = uvicorn.Server(config)
-    # The socket is bound (and its port known) before the URL is printed.
     print(f"http://127.0.0.1:{sock.getsockname()[1]}/mcp", flush=True)
     await http.serve(sockets=[sock])
 
@@ -304,13 +353,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--effects", type=Path)
     parser.add_argument("--log", type=Path)
     parser.add_argument("--require-header", help="NAME:VALUE every HTTP request must carry")
+    parser.add_argument(
+        "--handshake-only",
+        action="store_true",
+        help="refuse server/discover: clients use initialize and a session (HTTP)",
+    )
     args = parser.parse_args(argv)
     configure_logging(args.log)
     server = build_server(EffectStore(args.effects) if args.effects else None)
     if args.transport == "stdio":
         anyio.run(server.run_stdio_async)
     else:
-        anyio.run(serve_http, server, args.port, args.require_header)
+        anyio.run(serve_http, server, args.port, args.require_header, args.handshake_only)
 
 
 if __name__ == "__main__":
