@@ -9,8 +9,9 @@ server, and gone once the server runs. Options carry names and paths only:
 the values of the variables named by `--env` come from this process's own
 environment, so no secret is ever on a command line.
 
-What it does, each step only where the kernel allows it (a step it cannot
-take is said in one line on stderr, which the runner logs):
+What it does, each step only where the kernel allows it (tried first in a
+throwaway child; a step it cannot take is said in one line on stderr, which
+the runner logs, and the server starts without it):
 
 1. dies with the runner (parent-death signal; `--parent` closes the race
    with a runner that died before that);
@@ -166,6 +167,32 @@ def _enter_namespaces(options: Options) -> None:
     _mount("none", "/", None, MS_REC | MS_PRIVATE, None)
 
 
+def _namespaces_refused(options: Options) -> str | None:
+    """Why the kernel refuses the namespaces and masks, tried in a throwaway
+    child (a refusal half-way, such as a user namespace without privilege
+    under AppArmor's restriction, cannot be undone); None when it allows them.
+    """
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(reader)
+        try:
+            _enter_namespaces(options)
+            for path in options.masks:
+                _mask(path)
+        except OSError as error:
+            why = error.strerror or str(error)
+            where = f" ({error.filename})" if error.filename else ""
+            os.write(writer, f"{why}{where}".encode(errors="replace"))
+            os._exit(1)
+        os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as told:
+        why = told.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    return None if os.waitstatus_to_exitcode(status) == 0 else why or "refused"
+
+
 def _mask(path: str) -> None:
     try:
         mode = os.stat(path).st_mode
@@ -223,19 +250,17 @@ def main(argv: list[str]) -> int:
     options = parse(argv)
     _die_with_runner(options.parent)
     notes: list[str] = []
-    isolated = True
     lifeline = -1
-    try:
-        _enter_namespaces(options)
-    except OSError as error:
-        isolated = False
+    refused = _namespaces_refused(options)
+    if refused is not None:
         seen = "this host's processes"
         if options.uid is None and options.masks:
             seen += " and can read " + ", ".join(options.masks)  # same uid: only masks hid them
-        notes.append(f"no namespaces ({error.strerror}): the server sees {seen}")
-    if isolated:
+        notes.append(f"no namespaces ({refused}): the server sees {seen}")
+    else:
+        _enter_namespaces(options)
         for path in options.masks:
-            _mask(path)  # a mask that fails stops the start: never run unmasked
+            _mask(path)
         lifeline, held = os.pipe()
         pid = os.fork()
         if pid:
