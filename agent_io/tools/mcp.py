@@ -176,10 +176,12 @@ class McpSource:
         try:
             return await use(client)
         except MCPError as exc:
-            if exc.code == CONNECTION_CLOSED:
-                raise _WentAway(await connection.ended_because(exc.error.message)) from None
+            # First: some servers refuse an unknown session with the code
+            # the SDK also uses for a closed connection (-32000).
             if await connection.session_lost(client):
                 raise _SessionLost(exc) from None
+            if exc.code == CONNECTION_CLOSED:
+                raise _WentAway(await connection.ended_because(exc.error.message)) from None
             raise
 
     async def aclose(self) -> None:
@@ -249,6 +251,7 @@ class _Connection:
         self._failure: str | None = None
         # The last status a streamable-HTTP server refused this session with.
         self._refused: int | None = None
+        self._forgotten = False
         self._task = asyncio.create_task(self._run(), name=f"mcp-{config.label}")
 
     @property
@@ -271,20 +274,22 @@ class _Connection:
     async def session_lost(self, client: Client) -> bool:
         """Whether the server has forgotten this session: it answered 404 to
         a request carrying the session id (the spec's "start a new session"),
-        or 400 (some servers' answer to an unknown id) and then refuses a
-        second request too. A lost session's connection is ended: the next use starts
-        a new one."""
+        or 400 (some servers' answer to an unknown id) and then refused a
+        second request too. A lost session's connection is ended (the next
+        use starts a new one), and says so to every request that was on it."""
+        if self._forgotten:
+            return True
         refused, self._refused = self._refused, None
         if refused == HTTPStatus.BAD_REQUEST:
             with contextlib.suppress(MCPError):
                 await client.list_tools()  # any request: ping is gone from newer protocols
             # Refused the same way: the session, not the request, was the problem.
-            ping_refused, self._refused = self._refused, None
-            refused = HTTPStatus.NOT_FOUND if ping_refused is not None else None
-        if refused != HTTPStatus.NOT_FOUND:
-            return False
-        self._stop.set()
-        return True
+            again, self._refused = self._refused, None
+            refused = HTTPStatus.NOT_FOUND if again is not None else None
+        if refused == HTTPStatus.NOT_FOUND:
+            self._forgotten = True
+            self._stop.set()
+        return self._forgotten
 
     async def _saw_response(self, response: httpx2.Response) -> None:
         refusal = response.status_code in (HTTPStatus.BAD_REQUEST, HTTPStatus.NOT_FOUND)

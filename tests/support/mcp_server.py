@@ -2,12 +2,14 @@
 
     python -m tests.support.mcp_server --transport stdio|http [--port N]
         [--effects PATH] [--log PATH] [--require-header NAME:VALUE]
-        [--handshake-only]
+        [--handshake-only [--unknown-session-400]]
 
 Over http it serves streamable HTTP on 127.0.0.1 and prints its URL as the
 first line of stdout, so a test knows when it can connect; with
 `--handshake-only` it speaks only the protocol's handshake era, where a
-client holds a session (Mcp-Session-Id) that a restart of the server ends. Its tools cover
+client holds a session (Mcp-Session-Id) that a restart of the server ends;
+a request naming an unknown session is answered 404 (the spec), or with
+`--unknown-session-400` 400, as servers built on other SDKs do. Its tools cover
 every shape of result Keel maps and every way a call can go wrong:
 
 - `echo {text}` text; `add {a, b}` structured content and text; `fail {}` a
@@ -229,10 +231,12 @@ class HandshakeOnly:
     """Refuses `server/discover`, as a server of the handshake era (the
     protocol before 2026-07-28, spoken by most servers in use) does: clients
     fall back to `initialize`, and the server keeps a session for them, named
-    by the Mcp-Session-Id header, that a restart forgets."""
+    by the Mcp-Session-Id header, that a restart forgets. With `status_400`
+    an unknown session is answered 400 rather than 404."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, status_400: bool = False) -> None:
         self._app = app
+        self._status_400 = status_400
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -261,15 +265,42 @@ class HandshakeOnly:
             replayed = True
             return {"type": "http.request", "body": body, "more_body": False}
 
-        await self._app(scope, replay, send)
+        named = any(name == b"mcp-session-id" for name, _ in scope["headers"])
+        await self._app(scope, replay, self._unknown_as_400(send) if named else send)
+
+    def _unknown_as_400(self, send: Send) -> Send:
+        """`send`, with a 404 for an unknown session turned into the 400 a
+        TypeScript SDK server gives."""
+        rewriting = False
+
+        async def rewritten(message: Message) -> None:
+            nonlocal rewriting
+            if message["type"] == "http.response.start" and message["status"] == 404:
+                rewriting = self._status_400
+            if not rewriting:
+                await send(message)
+                return
+            if message["type"] == "http.response.start":
+                error = {"code": -32000, "message": "Bad Request: No valid session ID provided"}
+                body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+                headers = [(b"content-type", b"application/json")]
+                headers.append((b"content-length", str(len(body)).encode()))
+                await send({"type": "http.response.start", "status": 400, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+
+        return rewritten
 
 
 async def serve_http(
-    server: MCPServer, port: int, require_header: str | None, handshake_only: bool = False
+    server: MCPServer,
+    port: int,
+    require_header: str | None,
+    handshake_only: bool = False,
+    unknown_session_400: bool = False,
 ) -> None:
     app: ASGIApp = server.streamable_http_app(host="127.0.0.1")
     if handshake_only:
-        app = HandshakeOnly(app)
+        app = HandshakeOnly(app, unknown_session_400)
     if require_header:
         name, _, value = require_header.partition(":")
         app = RequireHeader(app, name.strip(), value.strip())
@@ -358,13 +389,25 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="refuse server/discover: clients use initialize and a session (HTTP)",
     )
+    parser.add_argument(
+        "--unknown-session-400",
+        action="store_true",
+        help="with --handshake-only, answer 400 (not 404) to an unknown session",
+    )
     args = parser.parse_args(argv)
     configure_logging(args.log)
     server = build_server(EffectStore(args.effects) if args.effects else None)
     if args.transport == "stdio":
         anyio.run(server.run_stdio_async)
     else:
-        anyio.run(serve_http, server, args.port, args.require_header, args.handshake_only)
+        anyio.run(
+            serve_http,
+            server,
+            args.port,
+            args.require_header,
+            args.handshake_only,
+            args.unknown_session_400,
+        )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 A real runner process, the offline model, and the MCP test server over
 streamable HTTP speaking the handshake era of the protocol (as most servers
 in use do): the runner's client holds a session (Mcp-Session-Id) that the
-server forgets when it restarts, and answers 404 for. The server is killed
+server forgets when it restarts, and answers 404 for (or 400, as servers
+built on the TypeScript SDK do). The server is killed
 and started again on the same port between two inputs of one session; the
 second tool call succeeds on a new session, as the spec asks of a client.
 """
@@ -32,9 +33,12 @@ def port() -> int:
     return free_port()
 
 
-@pytest.fixture
-def server_options(port: int) -> list[str]:
-    return ["--port", str(port), "--handshake-only"]
+@pytest.fixture(params=["404", "400"])
+def server_options(request: pytest.FixtureRequest, port: int) -> list[str]:
+    """The spec's 404 for a session the server does not know, or the 400
+    servers built on the TypeScript SDK answer."""
+    status_400 = ["--unknown-session-400"] if request.param == "400" else []
+    return ["--port", str(port), "--handshake-only", *status_400]
 
 
 @pytest.fixture
