@@ -6,7 +6,9 @@ client limits' state (on `app.state`), and the middlewares every request
 passes, outermost first:
 
 - OpenTelemetry's ASGI middleware (only when spans are exported): the
-  request's server span, continuing a caller's W3C traceparent;
+  request's server span, continuing a caller's W3C traceparent, named after
+  the route's template (`POST /v1/sessions/{id}/inputs`), never the path
+  itself: span names must stay few, whatever ids clients send;
 - `SecurityHeaders`: nosniff, CSP with frame-ancestors, no referrer;
 - `RequestMetrics`: counts each request by route and status (a client that
   left is a 499, not a 500);
@@ -18,13 +20,17 @@ so routes raise instead of catching.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+from opentelemetry.util.http import sanitize_method
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Match, Mount
 
 from edge.errors import (
     EdgeError,
@@ -53,7 +59,41 @@ async def _wrong_method(request: Request, error: Exception) -> Response:
     return response
 
 
-def _tracing(gateway: Gateway) -> list[Middleware]:
+def _route_template(routes: Sequence[BaseRoute], scope: dict[str, Any]) -> str | None:
+    """The template of the route `scope` is for (a route that only lacks
+    the method still names it), None for no route. The middleware runs
+    before the router, so it asks the routes as the router will."""
+    partial: str | None = None
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is Match.NONE:
+            continue
+        path = str(getattr(route, "path", ""))
+        template = f"{path}/{{path}}" if isinstance(route, Mount) else path
+        if match is Match.FULL:
+            return template
+        partial = partial or template
+    return partial
+
+
+def span_details(
+    routes: Sequence[BaseRoute],
+) -> Callable[[dict[str, Any]], tuple[str, dict[str, str]]]:
+    """The name and attributes of a request's server span: the method and
+    the route's template, or the method alone for no route."""
+
+    def details(scope: dict[str, Any]) -> tuple[str, dict[str, str]]:
+        method = sanitize_method(str(scope.get("method", "")).strip())
+        method = "HTTP" if method == "_OTHER" else method
+        template = _route_template(routes, scope)
+        if template is None:
+            return method, {}
+        return f"{method} {template}", {"http.route": template}
+
+    return details
+
+
+def _tracing(gateway: Gateway, routes: Sequence[BaseRoute]) -> list[Middleware]:
     """The server span of each request, outermost, continuing a caller's W3C
     traceparent; none when spans go nowhere. Only the request is a span (not
     each body chunk or SSE frame), and probes are not traced."""
@@ -64,6 +104,7 @@ def _tracing(gateway: Gateway) -> list[Middleware]:
             OpenTelemetryMiddleware,
             excluded_urls="/healthz,/readyz,/metrics",
             exclude_spans=["receive", "send"],
+            default_span_details=span_details(routes),
         )
     ]
 
@@ -84,7 +125,7 @@ def create_app(gateway: Gateway, guards: Guards | None = None) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[
-            *_tracing(gateway),
+            *_tracing(gateway, routes),
             Middleware(SecurityHeaders),
             Middleware(RequestMetrics, metrics=metrics),
             Middleware(BodyDeadline, limits=guards.limits),

@@ -138,6 +138,8 @@ async def _append_input(
     # Everything is validated before this append (the edge's ids are a
     # subset of what the ledger and the kernel accept): once it commits, the
     # answer must say so, never a refusal a client would read as "not sent".
+    # The request's span (HTTP or gRPC) names the session it added to.
+    tracing.annotate_current({tracing.SESSION_ID: session_id, tracing.TENANT_ID: caller.tenant_id})
     traceparent = tracing.current_traceparent()
     if traceparent is not None:
         # The turn's trace goes on in whichever runner answers this input.

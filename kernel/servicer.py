@@ -44,6 +44,7 @@ from kernel.revocations import RevocationFeed
 from kernel.store import Claimed, LeaseStore
 from kernel.tenancy import TenantStore, parse_document
 from kernel.waker import ClaimWaker
+from services.common import tracing
 from services.common.errors import stream_errors, unary_errors
 from services.common.secrets import SecretPolicy
 from services.common.serving import GrpcService
@@ -351,6 +352,9 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
 
     @unary_errors
     async def Enqueue(self, request: pb.EnqueueRequest, context: Context) -> pb.EnqueueResponse:
+        tracing.annotate_current(
+            {tracing.SESSION_ID: request.session_id, tracing.TENANT_ID: request.tenant_id}
+        )
         await asyncio.to_thread(
             self._leases.enqueue,
             check_id(request.session_id, "session_id"),

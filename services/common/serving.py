@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
 from opentelemetry.instrumentation.grpc import filters as otel_filters
 
-from services.common import hops
+from services.common import hops, tracing
 from services.common.config import DEFAULT_GRPC_MAX_MESSAGE_BYTES, Settings
 from services.common.internal_auth import (
     TokenServerInterceptor,
@@ -201,7 +201,11 @@ def open_channel(
     config). Raises InternalAuthError for a half-configured TLS."""
     interceptors: list[Any] = []
     if settings.tracing:
-        interceptors.extend(aio_client_interceptors(filter_=_traced_methods()))
+        interceptors.extend(
+            aio_client_interceptors(
+                filter_=_traced_methods(), request_hook=tracing.request_attributes
+            )
+        )
     if settings.internal_token:
         interceptors.extend(token_interceptors(settings.internal_token))
     material = tls_material(settings)

@@ -13,6 +13,13 @@ runner's fact cache) and its request-id dedup fingerprint ignores unknown
 fields, so nothing in the ledger's schema, wire format or storage changes,
 and a resent input keeps the trace of its first commit.
 
+An answer may consume several inputs (those committed while an earlier
+attempt ran are answered together). The attempt continues the first one's
+trace and links to the others'; the span of the answer's commit
+(`keel.answer`) links to every input it answered; and each other input's
+trace gets a `keel.answered` span linking back to it, so that no input's
+trace ends at its enqueue.
+
 With `KEEL_OTEL_EXPORTER=none` tracing is off: `span` hands back one shared
 no-op context manager and nothing is stored with inputs, so the hot paths pay
 a flag test per call and nothing more.
@@ -27,7 +34,7 @@ from typing import Any, Final
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
-from opentelemetry.trace import Link, Span
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext
 
 # The key of the input fact's data that holds the turn's trace context.
 TRACEPARENT: Final = "traceparent"
@@ -37,6 +44,10 @@ SESSION_ID: Final = "keel.session_id"
 TENANT_ID: Final = "keel.tenant_id"
 EPOCH: Final = "keel.epoch"
 ATTEMPT_ID: Final = "keel.attempt_id"
+
+# The request fields that name a session and a tenant in Keel's protos.
+_SESSION_FIELD: Final = "session_id"
+_TENANT_FIELD: Final = "tenant_id"
 
 _enabled = False
 _NO_SPAN: Final = contextlib.nullcontext(trace.INVALID_SPAN)
@@ -82,6 +93,25 @@ def set_attributes(span_: Span, attributes: Mapping[str, Any]) -> None:
         span_.set_attributes(dict(attributes))
 
 
+def annotate_current(attributes: Mapping[str, Any]) -> None:
+    """Adds attributes to the current span (e.g. a server span made by an
+    instrumentation, once the handler knows the session)."""
+    if _enabled:
+        set_attributes(trace.get_current_span(), attributes)
+
+
+def request_attributes(span_: Span, request: Any) -> None:
+    """The gRPC client instrumentation's request hook: a call naming a
+    session (and tenant) says so on its span."""
+    attributes: dict[str, str] = {}
+    for field, attribute in ((_SESSION_FIELD, SESSION_ID), (_TENANT_FIELD, TENANT_ID)):
+        value = getattr(request, field, None)
+        if isinstance(value, str) and value:
+            attributes[attribute] = value
+    if attributes and span_.is_recording():
+        span_.set_attributes(attributes)
+
+
 def current_traceparent() -> str | None:
     """The current span's context as a W3C traceparent, None when there is
     none worth keeping (tracing off, or no span started)."""
@@ -100,6 +130,44 @@ def context_of(traceparent: Any) -> otel_context.Context | None:
     if not trace.get_current_span(found).get_span_context().is_valid:
         return None
     return found
+
+
+def _span_contexts(traceparents: Sequence[Any]) -> list[SpanContext]:
+    """The span contexts the traceparents name, each once, in order."""
+    found: list[SpanContext] = []
+    for traceparent in traceparents:
+        context = context_of(traceparent)
+        if context is None:
+            continue
+        span_context = trace.get_current_span(context).get_span_context()
+        if span_context not in found:
+            found.append(span_context)
+    return found
+
+
+@contextlib.contextmanager
+def answer_span(
+    attributes: Mapping[str, Any], extra: Mapping[str, Any], traceparents: Sequence[Any]
+) -> Iterator[Span]:
+    """`keel.answer`, the span of an answer's commit, linked to the trace of
+    every input it answers; once it ends, each of those traces other than
+    its own gets a `keel.answered` span linked back to it."""
+    if not _enabled:
+        yield trace.INVALID_SPAN
+        return
+    answered = _span_contexts(traceparents)
+    merged = {**attributes, **extra}
+    links = [Link(context) for context in answered]
+    with _tracer().start_as_current_span("keel.answer", attributes=merged, links=links) as answer:
+        yield answer
+    own = answer.get_span_context()
+    for context in answered:
+        if context.trace_id == own.trace_id:
+            continue
+        parent = trace.set_span_in_context(NonRecordingSpan(context))
+        _tracer().start_span(
+            "keel.answered", context=parent, attributes=merged, links=[Link(own)]
+        ).end()
 
 
 def turn_parent(traceparents: Sequence[Any]) -> tuple[otel_context.Context, list[Link]]:

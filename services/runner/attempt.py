@@ -139,10 +139,21 @@ class Attempt:
         """The trace contexts of the inputs this attempt will answer, oldest
         first (cancelled ones when only a cancel is owed)."""
         owed = T.owed(self.facts, T.read_through(self.facts))
-        seqs = set(owed.input_seqs or owed.cancelled_input_seqs)
+        return self._traceparents(owed.input_seqs or owed.cancelled_input_seqs)
+
+    def _traceparents(self, input_seqs: Sequence[int]) -> list[Any]:
+        seqs = set(input_seqs)
         return [
             f.data.get(tracing.TRACEPARENT) for f in self.facts if f.kind == INPUT and f.seq in seqs
         ]
+
+    def answering(self, input_seqs: Sequence[int]) -> contextlib.AbstractContextManager[Any]:
+        """The span of the commit that answers `input_seqs`, linked to each
+        one's trace (tracing.answer_span); none for a commit answering none."""
+        if not input_seqs or not tracing.enabled():
+            return contextlib.nullcontext()
+        extra = {"keel.input_seqs": list(input_seqs)}
+        return tracing.answer_span(self.trace_attributes, extra, self._traceparents(input_seqs))
 
     @property
     def model_name(self) -> str:
@@ -333,7 +344,8 @@ class Attempt:
         # Right before the write, with no await in between: a runner stopped
         # here sends this append first when it is resumed.
         faults.hit("before_final_answer" if final else "before_assistant_commit")
-        await self.commit("assistant", data)
+        with self.answering(owed.input_seqs if final else ()):
+            await self.commit("assistant", data)
         if final:
             runner_metrics.turn_answered()
         if final and faults.injected("duplicate_reply"):
@@ -454,18 +466,19 @@ class Attempt:
         # Calls closed, the cancelled inputs not yet consumed: a successor
         # must close the settlement without closing a call twice.
         faults.hit("mid_cancel")
-        await self.commit(
-            "assistant",
-            {
-                "generationId": T.cancel_generation_id(
-                    owed.latest_cancel_seq, owed.cancelled_input_seqs
-                ),
-                "content": [],
-                "toolCalls": [],
-                "inputSeqs": list(owed.cancelled_input_seqs),
-                "stopReason": T.CANCELLED_STOP,
-            },
-        )
+        with self.answering(owed.cancelled_input_seqs):
+            await self.commit(
+                "assistant",
+                {
+                    "generationId": T.cancel_generation_id(
+                        owed.latest_cancel_seq, owed.cancelled_input_seqs
+                    ),
+                    "content": [],
+                    "toolCalls": [],
+                    "inputSeqs": list(owed.cancelled_input_seqs),
+                    "stopReason": T.CANCELLED_STOP,
+                },
+            )
 
 
 async def renew_until_lost(
