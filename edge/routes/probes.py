@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable
 from pathlib import Path
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
@@ -16,6 +16,7 @@ from starlette.staticfiles import StaticFiles
 from edge.auth import Caller, require_operator
 from edge.errors import error_response
 from edge.http import api_route, gateway_of, metrics_of, plain_route
+from edge.metrics_exposition import exposition
 from edge.openapi import OPENAPI
 from services.common.errors import KeelError
 
@@ -61,7 +62,8 @@ async def metrics(request: Request, caller: Caller) -> Response:
     A scraper is given an operator key (Prometheus `authorization` in its
     scrape config)."""
     require_operator(caller)
-    return Response(generate_latest(metrics_of(request).registry), media_type=CONTENT_TYPE_LATEST)
+    text = exposition(metrics_of(request).registry)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
 async def openapi(request: Request) -> Response:

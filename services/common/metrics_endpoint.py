@@ -8,6 +8,13 @@ scrapes. The port is off unless the operator names one (`--metrics-port`
 or `KEEL_METRICS_PORT`); it listens on `KEEL_METRICS_HOST` (loopback unless
 told otherwise: the port has no authentication, unlike the edge's own
 `/metrics` on its API port).
+
+The registry the reader fills is the process's (`process_registry`): an
+edge in the same process serves it on its own `/metrics` too, so under an
+embedded `keel up` (every service in one process) the edge's `/metrics`
+shows the ledger's, kernel's, runners' and compaction's series as well,
+with or without a port of their own (an endpoint without a port only fills
+the registry).
 """
 
 from __future__ import annotations
@@ -24,10 +31,14 @@ METRICS_PORT_ENV = "KEEL_METRICS_PORT"
 METRICS_HOST_ENV = "KEEL_METRICS_HOST"
 
 
+_process_registry: CollectorRegistry | None = None
+
+
 @dataclass(frozen=True)
 class MetricsEndpoint:
     host: str
-    port: int
+    # None: the process's registry is filled, but served on no port of its own.
+    port: int | None
 
     @property
     def url(self) -> str:
@@ -37,11 +48,19 @@ class MetricsEndpoint:
 def start_metrics_endpoint(endpoint: MetricsEndpoint) -> PrometheusMetricReader:
     """Serves the process's metrics on `endpoint`; returns the reader to give
     the meter provider. Raises OSError when the port is taken."""
+    global _process_registry
     # A registry of our own: prometheus_client's default one would add the
     # process and GC collectors of whatever else imported it.
     registry = CollectorRegistry()
     reader = PrometheusMetricReader(registry=registry)
-    start_http_server(endpoint.port, endpoint.host, registry=registry)
-    # Services wait for this line as they wait for "listening on".
-    log.info("metrics on %s", endpoint.url)
+    if endpoint.port is not None:
+        start_http_server(endpoint.port, endpoint.host, registry=registry)
+        # Services wait for this line as they wait for "listening on".
+        log.info("metrics on %s", endpoint.url)
+    _process_registry = registry
     return reader
+
+
+def process_registry() -> CollectorRegistry | None:
+    """The registry this process's instruments are read into, if any."""
+    return _process_registry
