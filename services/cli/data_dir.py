@@ -9,11 +9,19 @@ starts on it.
 made once per data dir (`<data dir>/internal-token`, 0600) and reused on
 restart, so a restarted `keel up --processes` and its still-running children
 agree. An explicit KEEL_INTERNAL_TOKEN wins over the file.
+
+One `keel up` at a time per data dir: it holds an exclusive flock on
+`<data dir>/keel-up.lock` (which names its pid) for as long as it runs; the
+kernel drops the lock when the process ends, however it ends (SIGKILL
+included), so a lock is never left behind. The dev key `keel up` made is
+kept in `<data dir>/dev-key` (0600) and used again on the next start, so
+restarts do not pile up operator keys (services/cli/up.py bootstrap_tenant).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import stat
@@ -25,6 +33,20 @@ from services.common.internal_auth import MIN_TOKEN_CHARS, InternalAuthError
 PRIVATE_UMASK = 0o077
 PRIVATE_DIR_MODE = 0o700
 TOKEN_FILE = "internal-token"
+LOCK_FILE = "keel-up.lock"
+DEV_KEY_FILE = "dev-key"
+
+
+class DataDirInUse(Exception):
+    """Another `keel up` runs on this data dir (its message is the line to show)."""
+
+    def __init__(self, data_dir: Path, pid: int | None) -> None:
+        self.pid = pid
+        holder = f"pid {pid}" if pid else "a process that is starting"
+        super().__init__(
+            f"{data_dir} is in use by another keel up ({holder}): stop it, "
+            "or give this one another --data-dir"
+        )
 
 
 def close_data_dir(data_dir: Path) -> None:
@@ -82,3 +104,53 @@ def with_internal_token(settings: Settings) -> Settings:
     if settings.internal_token:
         return settings
     return settings.with_overrides(internal_token=data_dir_token(Path(settings.data_dir)))
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Takes the data dir for this process's life (the returned descriptor
+    stays open until it exits); raises DataDirInUse when another `keel up`
+    holds it. The descriptor is not inherited by children, so the lock is
+    this process's alone and goes when it does."""
+    path = data_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        raise DataDirInUse(data_dir, int(holder) if holder.isdigit() else None) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    # Who holds it, for the line a second `keel up` shows.
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+    return fd
+
+
+def stored_dev_key(data_dir: Path) -> str:
+    """The dev key kept by the last `keel up` on `data_dir`, or ""."""
+    try:
+        fd = os.open(data_dir / DEV_KEY_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return ""
+    with os.fdopen(fd, encoding="ascii") as handle:
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            os.fchmod(fd, 0o600)
+        return handle.read().strip()
+
+
+def store_dev_key(data_dir: Path, key: str) -> None:
+    """Keeps `key` (0600) for the next `keel up` on `data_dir`; written to a
+    private temporary file, then renamed over the old one."""
+    path = data_dir / DEV_KEY_FILE
+    partial = data_dir / f".{DEV_KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(key + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)

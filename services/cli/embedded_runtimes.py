@@ -22,17 +22,27 @@ class EmbeddedRunners:
     """The runners of an embedded `keel up`: one whose drain has finished is
     stopped, and a new runner takes its place."""
 
-    def __init__(self, settings: Settings, config: RunnerConfig, count: int) -> None:
+    def __init__(self, settings: Settings, config: RunnerConfig, addresses: list[str]) -> None:
         self.settings = settings
         self.config = config
-        self.count = max(count, 1)
+        # One runner per address (host:0: any free port); a successor takes
+        # its predecessor's address.
+        self.addresses = addresses or ["127.0.0.1:0"]
         self.runners: list[RunnerServer] = []
         self._watchers: set[asyncio.Task[None]] = set()
 
     async def start(self) -> EmbeddedRunners:
-        for _ in range(self.count):
-            self._watch(await RunnerServer(self.settings, self.config).start())
+        for address in self.addresses:
+            self._watch(await self._start_one(address))
         return self
+
+    async def _start_one(self, address: str) -> RunnerServer:
+        runner = RunnerServer(self.settings, self.config, address)
+        try:
+            return await runner.start()
+        except BaseException:
+            await runner.stop()  # what a half-done start left running
+            raise
 
     def _watch(self, runner: RunnerServer) -> None:
         self.runners.append(runner)
@@ -45,7 +55,7 @@ class EmbeddedRunners:
         await runner.runtime.finished.wait()
         self.runners.remove(runner)
         await runner.stop()
-        successor = await RunnerServer(self.settings, self.config).start()
+        successor = await self._start_one(runner.address)
         print(
             f"  runner {runner.runtime_id} drained; replaced by {successor.runtime_id}", flush=True
         )
@@ -86,7 +96,12 @@ class EmbeddedEdge:
         self._watcher: asyncio.Task[None] | None = None
 
     async def start(self) -> EmbeddedEdge:
-        edge = await EdgeServer(self.settings, self.config, self.host, self.port).start()
+        server = EdgeServer(self.settings, self.config, self.host, self.port)
+        try:
+            edge = await server.start()
+        except BaseException:
+            await server.stop()  # e.g. its gRPC API served, its HTTP port taken
+            raise
         # The ports chosen (0: any) are kept for every successor.
         self.port = edge.port
         if edge.grpc_address is not None:

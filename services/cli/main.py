@@ -16,7 +16,8 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,11 +25,13 @@ import typer
 
 from services.cli.admin import Edge, keys_app, loadout_app, tenants_app
 from services.cli.data_dir import PRIVATE_UMASK
-from services.cli.discovery import USAGE_EXIT, fail, require_key, resolve_url
+from services.cli.discovery import USAGE_EXIT, discovery_path, fail, require_key, resolve_url
+from services.cli.up_ports import NamedPort, PortUnavailable, check_ports, first_unavailable
 from services.common import event_loop, telemetry
 from services.common.config import Settings
 from services.common.heap import settle_heap
 from services.common.metrics_endpoint import METRICS_HOST_ENV, MetricsEndpoint
+from services.common.runtime_records import split_host_port
 
 app = typer.Typer(
     name="keel",
@@ -113,20 +116,26 @@ _METRICS_MODULES = {
 _METRICS_MODULES["up"] = tuple(m for ms in _METRICS_MODULES.values() for m in ms)
 
 
-def _metrics_endpoint(port: int | None) -> MetricsEndpoint | None:
-    if port is None:
+def _metrics_endpoint(port: int | None, always_recorded: bool) -> MetricsEndpoint | None:
+    if port is None and not always_recorded:
         return None
     host = os.environ.get(METRICS_HOST_ENV, "") or "127.0.0.1"
     return MetricsEndpoint(host, port)
 
 
 def _configure_telemetry(
-    command: str, service: str, settings: Settings, metrics_port: int | None
+    command: str,
+    service: str,
+    settings: Settings,
+    metrics_port: int | None,
+    *,
+    always_recorded: bool = False,
 ) -> None:
     """Telemetry of this process; a metrics port that cannot be bound ends it
-    with one line, before the service starts."""
+    with one line, before the service starts. `always_recorded`: the
+    process's metrics are recorded (for the edge's /metrics) without a port too."""
     try:
-        telemetry.configure(service, settings, _metrics_endpoint(metrics_port))
+        telemetry.configure(service, settings, _metrics_endpoint(metrics_port, always_recorded))
     except OSError as error:
         fail(f"keel {command}: cannot serve metrics on port {metrics_port}: {error}", USAGE_EXIT)
     for module in _METRICS_MODULES.get(service, ()):
@@ -138,15 +147,39 @@ def _serve(
     settings: Settings,
     main: Coroutine[Any, Any, None],
     metrics_port: int | None = None,
+    ports: Sequence[NamedPort] = (),
 ) -> None:
+    """Runs one service; `ports` (what it listens on) are checked first,
+    and again if it fails to start, so a busy one is told in one line."""
     try:
+        check_ports(ports)
         _configure_telemetry(service, service, settings, metrics_port)
+    except PortUnavailable as error:
+        main.close()
+        fail(f"keel {service}: {error}")
     except BaseException:
         main.close()  # never started: no "never awaited" warning on the way out
         raise
     settle_heap()
-    with contextlib.suppress(KeyboardInterrupt):
-        event_loop.run(_until_signalled(main), runs_attempts=service == "runner")
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            event_loop.run(_until_signalled(main), runs_attempts=service == "runner")
+    except (OSError, RuntimeError):
+        # A port taken since the check (gRPC says RuntimeError).
+        unavailable = first_unavailable(ports)
+        if unavailable is None:
+            raise
+        fail(f"keel {service}: {unavailable}")
+
+
+def _address_port(address: str, use: str) -> list[NamedPort]:
+    """The port of `--address host:port` to check (none for port 0 or a bad address,
+    which the service reports itself)."""
+    try:
+        host, port = split_host_port(address)
+    except ValueError:
+        return []
+    return [NamedPort(host, port, use, "--address")] if port else []
 
 
 @app.command()
@@ -159,7 +192,8 @@ def ledger(
     from services.ledger.server import run_ledger
 
     settings = _service_settings("ledger", database_url)
-    _serve("ledger", settings, run_ledger(settings, address), metrics_port)
+    ports = _address_port(address, "the ledger's port")
+    _serve("ledger", settings, run_ledger(settings, address), metrics_port, ports)
 
 
 @app.command()
@@ -173,7 +207,8 @@ def kernel(
     from kernel import run_kernel
 
     settings = _service_settings("kernel", database_url)
-    _serve("kernel", settings, run_kernel(settings, address, ledger), metrics_port)
+    ports = _address_port(address, "the kernel's port")
+    _serve("kernel", settings, run_kernel(settings, address, ledger), metrics_port, ports)
 
 
 @app.command()
@@ -196,8 +231,6 @@ def runner(
     """Run a runner (claim loop, model providers, tools) with its compaction service.
 
     It exits 0 once drained (`keel drain`): a runner is replaced, never revived."""
-    from dataclasses import replace
-
     from services.runner.config import RunnerConfig
     from services.runner.server import check_addresses, run_runner
 
@@ -208,7 +241,8 @@ def runner(
         check_addresses(address, advertise_address)
     except ValueError as error:
         fail(f"keel runner: {error}", USAGE_EXIT)
-    _serve("runner", settings, run_runner(settings, config, address), metrics_port)
+    ports = _address_port(address, "the runner's port")
+    _serve("runner", settings, run_runner(settings, config, address), metrics_port, ports)
 
 
 @app.command()
@@ -230,6 +264,7 @@ def compaction(
         settings,
         run_compaction(settings, address, ledger, kernel, default_context_window=window),
         metrics_port,
+        _address_port(address, "the compaction service's port"),
     )
 
 
@@ -257,7 +292,12 @@ def edge(
     except ValueError as error:
         fail(f"keel edge: {error}", USAGE_EXIT)
     config = EdgeConfig(ledger, kernel, compaction, grpc_port=grpc_port, drain_deadline_ms=deadline)
-    _serve("edge", settings, run_edge(settings, config, host, http_port), metrics_port)
+    ports = [
+        NamedPort(host, http_port, "the HTTP port", "--http-port"),
+        NamedPort(host, grpc_port, "the gRPC port", "--grpc-port"),
+    ]
+    ports = [p for p in ports if p.port]
+    _serve("edge", settings, run_edge(settings, config, host, http_port), metrics_port, ports)
 
 
 @app.command()
@@ -303,20 +343,36 @@ def up(
             "own port (this one and the next ones; without it, free ports)",
         ),
     ] = None,
+    grpc_base_port: Annotated[
+        int | None,
+        typer.Option(
+            "--grpc-base-port",
+            min=1,
+            max=65535,
+            envvar="KEEL_GRPC_BASE_PORT",
+            help="internal gRPC ports from this one up, in the order ledger(s), kernel(s), "
+            "compaction, runners (default: free ports)",
+        ),
+    ] = None,
 ) -> None:
-    """Start everything: ledger, kernel, runner, compaction, edge and the web page."""
+    """Start everything: ledger, kernel, runner, compaction, edge and the web page.
+
+    One `keel up` per data dir; every port it is given is checked before anything starts."""
     from agent_io.tools.tool_tokens import ToolTokens
     from kernel.tenancy import key_weakness
-    from services.cli.data_dir import with_internal_token
+    from services.cli.data_dir import DataDirInUse, lock_data_dir, with_internal_token
     from services.cli.supervisor import Supervisor, replica_refusal
     from services.cli.up import (
         ModelChoiceError,
+        UpFailed,
         UpOptions,
         data_dir_settings,
+        fixed_ports_of,
         model_from_flag,
         model_secrets,
         up_embedded,
     )
+    from services.cli.up_ports import PortPlanError
     from services.common.internal_auth import InternalAuthError, require_internal_auth
 
     # The dev key is an operator key: refused before anything starts if weak.
@@ -334,6 +390,13 @@ def up(
         fail(f"keel: {error}", USAGE_EXIT)
     settings = data_dir_settings(_settings(database_url), data_dir)
     try:
+        # Held until this process ends: a second `keel up` here is refused.
+        lock_data_dir(settings.data_dir)
+    except DataDirInUse as error:
+        fail(f"keel up: {error}")
+    # What a killed `keel up` announced points nowhere now.
+    discovery_path(settings.data_dir).unlink(missing_ok=True)
+    try:
         settings = with_internal_token(settings)
         require_internal_auth(settings)
     except (InternalAuthError, OSError) as error:
@@ -350,23 +413,40 @@ def up(
         kernels=kernels,
         dev_key=dev_key,
         model=chosen_model,
+        grpc_base_port=grpc_base_port,
     )
     refusal = replica_refusal(options, settings)
     if refusal is not None:
         fail(f"keel up: {refusal}", USAGE_EXIT)
+    try:
+        options = replace(options, fixed_ports=tuple(fixed_ports_of(options, metrics_port)))
+    except PortPlanError as error:
+        fail(f"keel up: {error}", USAGE_EXIT)
+    try:
+        check_ports(options.fixed_ports)
+    except PortUnavailable as error:
+        fail(f"keel up: {error}")
     # With --processes each child serves its own metrics (the supervisor
-    # chooses the ports); the supervisor itself records none.
-    _configure_telemetry("up", "up", settings, None if processes else metrics_port)
+    # chooses the ports); the supervisor itself records none. Embedded, the
+    # process's metrics are recorded even without a port: the edge's
+    # /metrics serves them all.
+    if processes:
+        _configure_telemetry("up", "up", settings, None)
+    else:
+        _configure_telemetry("up", "up", settings, metrics_port, always_recorded=True)
     main_coro = (
         Supervisor(settings, options, metrics_port).run()
         if processes
         else up_embedded(settings, options)
     )
     settle_heap()
-    with contextlib.suppress(KeyboardInterrupt):
-        # The embedded runner runs attempts; with --processes this is only
-        # the supervisor (each child picks its own loop).
-        event_loop.run(main_coro, runs_attempts=True)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            # The embedded runner runs attempts; with --processes this is only
+            # the supervisor (each child picks its own loop).
+            event_loop.run(main_coro, runs_attempts=True)
+    except (UpFailed, PortUnavailable) as error:
+        fail(f"keel up: {error}")
 
 
 BaseUrl = Annotated[
@@ -491,36 +571,21 @@ def _drain_local(
 
 
 @app.command()
-def status(url: BaseUrl = None, data_dir: ClientDataDir = None, key: Key = None) -> None:
-    """Every runtime's state (admin key: your tenant's sessions; operator key: all)."""
-    from rich.console import Console
-    from rich.table import Table
+def status(
+    url: BaseUrl = None,
+    data_dir: ClientDataDir = None,
+    key: Key = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="the edge's answer as one line of JSON (full ids)")
+    ] = False,
+) -> None:
+    """Every runtime's state (admin key: your tenant's sessions; operator key: all).
 
-    report = Edge(url, data_dir, key).json("GET", "/v1/runtime/status")
-    runtimes = report["runtimes"]
-    # Only operators are told where runtimes run and whose sessions they hold.
-    operator = any("pid" in runtime for runtime in runtimes)
-    columns = ["runtime", "role", "liveness", "drain", "claiming", "in flight", "sessions"]
-    table = Table(*(["runtime", "role", "host", "pid", *columns[2:]] if operator else columns))
-    for runtime in runtimes:
-        sessions = ", ".join(
-            f"{s['tenant']}/{s['id']}" if "tenant" in s else s["id"] for s in runtime["sessions"]
-        )
-        where = [str(runtime.get("host", "")), str(runtime.get("pid", ""))] if operator else []
-        table.add_row(
-            runtime["runtimeId"],
-            runtime["role"],
-            *where,
-            runtime.get("liveness", ""),
-            runtime["drainMode"],
-            str(runtime["claiming"]),
-            str(runtime["inFlightRuns"]),
-            sessions,
-        )
-    console = Console()
-    console.print(table)
-    if report.get("claimingRunners") == 0:
-        console.print("no runner claims: inputs are accepted and wait until one does")
+    Ids are never cut: a pipe gets the table at full width; a narrow terminal
+    gets one block per runtime."""
+    from services.cli.status_view import print_status
+
+    print_status(Edge(url, data_dir, key).json("GET", "/v1/runtime/status"), as_json)
 
 
 def _print_json(result: dict[str, Any], as_json: bool) -> None:

@@ -18,7 +18,14 @@ supervisor says when a child starts, is ready and exits:
 
 Every child serves its own Prometheus metrics on a loopback port the
 supervisor chooses (`--metrics-port P`: P, P+1, … in start order), kept
-across restarts and listed once everything is up.
+across restarts and listed once everything is up. The internal gRPC ports
+are free ones, or B, B+1, … in the same order with `--grpc-base-port B`
+(services/cli/up_ports.py).
+
+A child that exits before it is ready ends `keel up` (every child stopped)
+with one line: the port it could not listen on, when that is why, rather
+than restarting it forever; so does a restarted child whose port was taken
+meanwhile.
 """
 
 from __future__ import annotations
@@ -27,12 +34,28 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 from dataclasses import dataclass, field
 
 from services.cli.discovery import remove_discovery, write_discovery
-from services.cli.up import UpOptions, announce, announce_grpc, bootstrap_tenant, stop_signal
+from services.cli.up import (
+    UpFailed,
+    UpOptions,
+    announce,
+    announce_grpc,
+    bootstrap_tenant,
+    stop_signal,
+)
+from services.cli.up_ports import (
+    INTERNAL_HOST,
+    NamedPort,
+    PortUnavailable,
+    first_unavailable,
+    free_port,
+    internal_ports,
+    metrics_host,
+    service_names,
+)
 from services.common.config import Settings
 from services.common.internal_auth import TOKEN_ENV
 from services.common.metrics_endpoint import METRICS_HOST_ENV, METRICS_PORT_ENV
@@ -59,15 +82,14 @@ def replica_refusal(options: UpOptions, settings: Settings) -> str | None:
     return None
 
 
-def _replica_names(service: str, count: int) -> list[str]:
-    # One replica keeps the plain name that scripts and logs already know.
-    return [service] if count == 1 else [f"{service}-{i + 1}" for i in range(count)]
+class ChildFailed(RuntimeError):
+    """A child exited before it was ready."""
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    def __init__(self, child: Child, code: int | None) -> None:
+        self.child = child
+        super().__init__(
+            f"{child.name} exited with {code} before it was ready; its output is above"
+        )
 
 
 @dataclass
@@ -75,11 +97,16 @@ class Child:
     name: str
     args: list[str]
     process: asyncio.subprocess.Process | None = None
-    # The line a child prints once it serves.
-    marker: str = "listening on"
     restarts: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     metrics_port: int | None = None
+    # The ports it listens on: looked at again when it fails to start.
+    ports: list[NamedPort] = field(default_factory=list)
+
+    def is_ready_line(self, line: str) -> bool:
+        """The line a child prints once it serves: "<service> … listening on
+        …" (not a traceback that quotes the code printing it)."""
+        return line.startswith(f"{self.args[0]} ") and " listening on " in line
 
 
 class Supervisor:
@@ -102,6 +129,9 @@ class Supervisor:
         self._output_closed = False
         self.http_port = options.http_port
         self.grpc_port = options.grpc_port
+        # Why `keel up` stopped on its own (a restarted child could not listen).
+        self.failure: PortUnavailable | None = None
+        self._stop_event: asyncio.Event | None = None
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -154,7 +184,7 @@ class Supervisor:
                     # Nobody reads `keel up` any more: keep draining the
                     # child's pipe (a full one would block it) in silence.
                     self._output_closed = True
-            if not ready.is_set() and child.marker in line:
+            if not ready.is_set() and child.is_ready_line(line):
                 ready.set()
 
     async def wait_ready(self, child: Child) -> None:
@@ -168,7 +198,7 @@ class Supervisor:
             ready.cancel()
             exited.cancel()
         if not child.ready.is_set():
-            raise RuntimeError(f"{child.name} exited before it was ready")
+            raise ChildFailed(child, child.process.returncode)
         print(f"  {child.name} (pid {child.process.pid}) is ready", flush=True)
 
     async def keep_alive(self, child: Child) -> None:
@@ -183,64 +213,76 @@ class Supervisor:
                 flush=True,
             )
             await self.spawn(child)
-            with contextlib.suppress(RuntimeError):
+            try:
                 await self.wait_ready(child)
+            except ChildFailed:
+                # Restarting it again would fail again while its port is taken.
+                self.failure = first_unavailable(child.ports)
+                if self.failure is not None and self._stop_event is not None:
+                    self._stop_event.set()
+                    return
 
     def plan(self) -> tuple[list[list[Child]], str]:
         """The children in stages, each started at once once the one before
         is ready (ledgers, kernels, then everything that uses them), and the
         kernel target to bootstrap with."""
-        ledger_addrs = [f"127.0.0.1:{_free_port()}" for _ in range(self.options.ledgers)]
-        kernel_addrs = [f"127.0.0.1:{_free_port()}" for _ in range(self.options.kernels)]
-        compaction_addr = f"127.0.0.1:{_free_port()}"
+        options = self.options
+        names = service_names(options.runners, options.ledgers, options.kernels)
+        fixed = internal_ports(options.grpc_base_port, names)
+        # Chosen once, so a child that is restarted comes back on the same port.
+        ports = {name: fixed.get(name) or free_port() for name in names}
+
+        def address(name: str) -> str:
+            return f"{INTERNAL_HOST}:{ports[name]}"
+
+        ledger_names = [n for n in names if n.startswith("ledger")]
+        kernel_names = [n for n in names if n.startswith("kernel")]
+        runner_names = [n for n in names if n.startswith("runner")]
         # Every client reaches every replica through one target: a comma list
         # its channel balances over (services/common/rpc.py balanced_target).
-        ledgers = ",".join(ledger_addrs)
-        kernels = ",".join(kernel_addrs)
-        # Chosen once, so an edge that is restarted comes back on the same port.
-        grpc_port = self.options.grpc_port or _free_port()
+        ledgers = ",".join(map(address, ledger_names))
+        kernels = ",".join(map(address, kernel_names))
         # The edge is a child: with port 0 the supervisor picks the port, so
         # the URL it announces (and writes for clients) is the real one.
-        http_port = self.options.http_port or _free_port()
+        grpc_port = options.grpc_port or free_port()
+        http_port = options.http_port or free_port()
         self.http_port, self.grpc_port = http_port, grpc_port
-        ledger_stage = [
-            Child(name, ["ledger", "--address", address])
-            for name, address in zip(
-                _replica_names("ledger", len(ledger_addrs)), ledger_addrs, strict=True
-            )
-        ]
-        kernel_stage = [
-            Child(name, ["kernel", "--address", address, "--ledger", ledgers])
-            for name, address in zip(
-                _replica_names("kernel", len(kernel_addrs)), kernel_addrs, strict=True
-            )
-        ]
         services = ["--ledger", ledgers, "--kernel", kernels]
-        users = [Child("compaction", ["compaction", "--address", compaction_addr, *services])]
-        users += [
-            Child(f"runner-{i + 1}", ["runner", *services])
-            for i in range(max(self.options.runners, 1))
+        ledger_stage = [Child(n, ["ledger", "--address", address(n)]) for n in ledger_names]
+        kernel_stage = [
+            Child(n, ["kernel", "--address", address(n), "--ledger", ledgers]) for n in kernel_names
         ]
-        users.append(
-            Child(
+        users = [Child("compaction", ["compaction", "--address", address("compaction"), *services])]
+        users += [Child(n, ["runner", *services, "--address", address(n)]) for n in runner_names]
+        for child in [*ledger_stage, *kernel_stage, *users]:
+            use = f"the internal gRPC port of {child.name}"
+            child.ports.append(NamedPort(INTERNAL_HOST, ports[child.name], use, "--grpc-base-port"))
+        edge = Child(
+            "edge",
+            [
                 "edge",
-                [
-                    "edge",
-                    *services,
-                    *("--compaction", compaction_addr, "--host", self.options.host),
-                    *("--http-port", str(http_port), "--grpc-port", str(grpc_port)),
-                ],
-            )
+                *services,
+                *("--compaction", address("compaction"), "--host", options.host),
+                *("--http-port", str(http_port), "--grpc-port", str(grpc_port)),
+            ],
         )
+        edge.ports += [
+            NamedPort(options.host, http_port, "the HTTP port", "--http-port"),
+            NamedPort(options.host, grpc_port, "the gRPC port", "--grpc-port"),
+        ]
+        users.append(edge)
         stages = [ledger_stage, kernel_stage, users]
         self._give_metrics_ports([child for stage in stages for child in stage])
         return stages, kernels
 
     def _give_metrics_ports(self, children: list[Child]) -> None:
+        # The order of up_ports's plan: ledgers, kernels, compaction, runners, edge.
         for index, child in enumerate(children):
-            port = _free_port() if self.metrics_port is None else self.metrics_port + index
+            port = free_port() if self.metrics_port is None else self.metrics_port + index
             child.metrics_port = port
             child.args += ["--metrics-port", str(port)]
+            use = f"the metrics port of {child.name}"
+            child.ports.append(NamedPort(metrics_host(), port, use, "--metrics-port"))
 
     def announce_metrics(self) -> None:
         print("metrics (Prometheus text, one port per process):", flush=True)
@@ -272,7 +314,11 @@ class Supervisor:
             watchers += [asyncio.create_task(self.keep_alive(child)) for child in stage]
             if stage is stages[1]:
                 key = await bootstrap_tenant(
-                    kernels, self.settings, self.options.dev_key, self.options.model
+                    kernels,
+                    self.settings,
+                    self.options.dev_key,
+                    self.options.model,
+                    data_dir=self.settings.data_dir,
                 )
         return key
 
@@ -280,7 +326,7 @@ class Supervisor:
         stages, kernels = self.plan()
         # Listened for from the start: a SIGTERM while children are still
         # starting must stop them too, not leave them running orphaned.
-        stop = stop_signal()
+        stop = self._stop_event = stop_signal()
         print("starting Keel as separate processes:", flush=True)
         watchers: list[asyncio.Task[None]] = []
         startup = asyncio.ensure_future(self._start_stages(stages, kernels, watchers))
@@ -292,14 +338,20 @@ class Supervisor:
                 with contextlib.suppress(asyncio.CancelledError):
                     await startup
                 return
-            key = startup.result()
+            try:
+                key = startup.result()
+            except ChildFailed as failed:
+                raise first_unavailable(failed.child.ports) or UpFailed(str(failed)) from None
             url = f"http://{self.options.host}:{self.http_port}"
             grpc_address = f"{self.options.host}:{self.grpc_port}"
+            # Clients find it before "Keel is up" sends anyone to them.
+            write_discovery(self.settings.data_dir, url, grpc_address)
             announce_grpc(grpc_address)
             self.announce_metrics()
             announce(url, key, self.options.model)
-            write_discovery(self.settings.data_dir, url, grpc_address)
             await stopped
+            if self.failure is not None:
+                raise self.failure
         finally:
             stopped.cancel()
             remove_discovery(self.settings.data_dir)

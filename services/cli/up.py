@@ -21,6 +21,7 @@ this process, and a drained edge is restarted on the same port.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
@@ -33,9 +34,20 @@ from urllib.parse import urlsplit
 from compaction.server import CompactionServer
 from edge.gateway import EdgeConfig
 from kernel import KernelClient, KernelServer
-from services.cli.data_dir import close_data_dir
+from kernel.errors import ApiKeyExists, InvalidApiKey
+from services.cli.data_dir import close_data_dir, store_dev_key, stored_dev_key
 from services.cli.discovery import remove_discovery, write_discovery
 from services.cli.embedded_runtimes import EmbeddedEdge, EmbeddedRunners
+from services.cli.up_ports import (
+    HIGHEST_PORT,
+    INTERNAL_HOST,
+    NamedPort,
+    PortPlanError,
+    first_unavailable,
+    internal_ports,
+    planned_ports,
+    service_names,
+)
 from services.common.config import Settings
 from services.common.secrets import SecretPolicy
 from services.ledger import LedgerServer
@@ -51,6 +63,10 @@ MODEL_BASE_URL_ENV = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_
 
 class ModelChoiceError(ValueError):
     """`--model` cannot be used as given (its message is the one line to show)."""
+
+
+class UpFailed(Exception):
+    """`keel up` cannot start as asked (its message is the one line to show)."""
 
 
 def model_from_flag(spec: str, env: Mapping[str, str] = os.environ) -> dict[str, Any]:
@@ -102,25 +118,66 @@ class UpOptions:
     # The default tenant's model (`--model`, see model_from_flag); None
     # leaves its loadout as it is.
     model: Mapping[str, str] | None = None
+    # The internal services' first gRPC port (services/cli/up_ports.py);
+    # None: free ports.
+    grpc_base_port: int | None = None
+    # Every fixed port this `keel up` listens on, checked before the start
+    # and again after a failed one (up_ports.planned_ports).
+    fixed_ports: tuple[NamedPort, ...] = ()
 
 
 async def bootstrap_tenant(
-    kernel_target: str, settings: Settings, dev_key: str, model: Mapping[str, str] | None = None
+    kernel_target: str,
+    settings: Settings,
+    dev_key: str,
+    model: Mapping[str, str] | None = None,
+    *,
+    data_dir: Path | None = None,
 ) -> str:
     """The default tenant and a dev key (fixed by KEEL_DEV_KEY) that is its
     admin and an operator: one developer runs the whole deployment. With
-    `model`, the tenant's loadout gets that model (the rest is kept)."""
-    key = dev_key or f"keel-dev-{secrets.token_urlsafe(18)}"
+    `model`, the tenant's loadout gets that model (the rest is kept).
+
+    With `data_dir` (`keel up`), the dev key is kept there and used again on
+    the next start, so restarts leave one valid dev key, not one more each:
+    a key kept from before that is not the one used now (KEEL_DEV_KEY set or
+    changed) is revoked, and a kept key someone revoked is replaced by a new one."""
+    kept = stored_dev_key(data_dir) if data_dir is not None else ""
+    key = dev_key or kept or _new_dev_key()
     async with KernelClient(kernel_target, settings) as kernel:
         await kernel.create_tenant(DEFAULT_TENANT, "Default tenant")
-        await kernel.create_api_key(DEFAULT_TENANT, key, admin=True, operator=True)
+        if kept and kept != key:
+            await _revoke(kernel, kept)
+        try:
+            await kernel.create_api_key(DEFAULT_TENANT, key, admin=True, operator=True)
+        except ApiKeyExists as error:
+            if dev_key:
+                raise UpFailed(f"KEEL_DEV_KEY cannot be the dev key: {error.message}") from None
+            # The kept key was revoked: its successor is new.
+            key = _new_dev_key()
+            await kernel.create_api_key(DEFAULT_TENANT, key, admin=True, operator=True)
         if model is not None:
             current = await kernel.get_loadout(DEFAULT_TENANT)
             document = {**current.document, "model": dict(model)}
             # A restart with the same flag adds no revision.
             if current.revision == 0 or document != current.document:
                 await kernel.put_loadout(DEFAULT_TENANT, document)
+    if data_dir is not None and key != kept:
+        store_dev_key(data_dir, key)
     return key
+
+
+def _new_dev_key() -> str:
+    return f"keel-dev-{secrets.token_urlsafe(18)}"
+
+
+async def _revoke(kernel: KernelClient, key: str) -> None:
+    """Revokes the dev key an earlier start kept (already revoked: nothing to do)."""
+    try:
+        grant = await kernel.authenticate(key)
+    except InvalidApiKey:
+        return
+    await kernel.revoke_api_key(grant.key_id)
 
 
 def announce_grpc(address: str) -> None:
@@ -154,25 +211,68 @@ async def _wait_for_signal() -> None:
 
 
 async def up_embedded(settings: Settings, options: UpOptions) -> None:
-    ledger = await LedgerServer(settings).start()
-    kernel = await KernelServer(settings, ledger_target=ledger.target).start()
+    async with contextlib.AsyncExitStack() as started:
+        try:
+            edge, runners, kernel_target = await _start_embedded(settings, options, started)
+        except (OSError, RuntimeError) as error:
+            # A port taken since it was checked (grpc says RuntimeError):
+            # the same one line as the check's; anything else goes on up.
+            raise first_unavailable(options.fixed_ports) or error from None
+        assert edge.edge is not None
+        key = await bootstrap_tenant(
+            kernel_target, settings, options.dev_key, options.model, data_dir=settings.data_dir
+        )
+        url = f"http://{options.host}:{edge.port}"
+        grpc_address = edge.edge.grpc_address or ""
+        # Clients find it before "Keel is up" sends anyone to them.
+        started.callback(remove_discovery, settings.data_dir)
+        write_discovery(settings.data_dir, url, grpc_address)
+        announce_grpc(grpc_address)
+        announce(url, key, options.model)
+        await _wait_for_signal()
+        print("draining: in-flight runs settle at a commit boundary…", flush=True)
+        await runners.drain("handoff")
+
+
+async def _start_embedded(
+    settings: Settings, options: UpOptions, started: contextlib.AsyncExitStack
+) -> tuple[EmbeddedEdge, EmbeddedRunners, str]:
+    """Starts every service; each is stopped by `started` (in reverse order),
+    also when a later one fails to start."""
+    names = service_names(options.runners)
+    ports = internal_ports(options.grpc_base_port, names)
+
+    def address(name: str) -> str:
+        return f"{INTERNAL_HOST}:{ports.get(name, 0)}"
+
+    # Each stop is pushed before its start: it also undoes a half-done start.
+    ledger = LedgerServer(settings, address("ledger"))
+    started.push_async_callback(ledger.stop)
+    await ledger.start()
+    # The kernel undoes its own half-done start.
+    kernel = await KernelServer(settings, address("kernel"), ledger_target=ledger.target).start()
+    started.push_async_callback(kernel.stop)
     runner_config = RunnerConfig.from_env(ledger.target, kernel.target)
     # Everything listens on loopback here: an advertise address set for a
     # standalone runner would send edges elsewhere.
     runner_config = replace(runner_config, advertise_address="")
     # One compaction service for the runners and the edge (/context), unless
     # KEEL_COMPACTION_ADDRESS names one elsewhere.
-    compaction: CompactionServer | None = None
     if not runner_config.compaction_target:
-        compaction = await CompactionServer(
+        compaction = CompactionServer(
             settings,
             ledger.target,
             kernel.target,
+            address("compaction"),
             default_context_window=runner_config.default_context_window,
-        ).start()
+        )
+        started.push_async_callback(compaction.stop)
+        await compaction.start()
         runner_config = replace(runner_config, compaction_target=compaction.target)
-    runners = await EmbeddedRunners(settings, runner_config, options.runners).start()
-    edge = await EmbeddedEdge(
+    runners = EmbeddedRunners(settings, runner_config, [address(n) for n in names[3:]])
+    started.push_async_callback(runners.stop)
+    await runners.start()
+    edge = EmbeddedEdge(
         settings,
         EdgeConfig(
             ledger.target,
@@ -183,26 +283,34 @@ async def up_embedded(settings: Settings, options: UpOptions) -> None:
         ),
         options.host,
         options.http_port,
-    ).start()
-    assert edge.edge is not None
-    key = await bootstrap_tenant(kernel.target, settings, options.dev_key, options.model)
-    url = f"http://{options.host}:{edge.port}"
-    grpc_address = edge.edge.grpc_address or ""
-    announce_grpc(grpc_address)
-    announce(url, key, options.model)
-    try:
-        write_discovery(settings.data_dir, url, grpc_address)
-        await _wait_for_signal()
-        print("draining: in-flight runs settle at a commit boundary…", flush=True)
-        await runners.drain("handoff")
-    finally:
-        remove_discovery(settings.data_dir)
-        await edge.stop()
-        await runners.stop()
-        if compaction is not None:
-            await compaction.stop()
-        await kernel.stop()
-        await ledger.stop()
+    )
+    started.push_async_callback(edge.stop)
+    await edge.start()
+    return edge, runners, kernel.target
+
+
+def fixed_ports_of(options: UpOptions, metrics_port: int | None) -> list[NamedPort]:
+    """Every fixed port `options` (and `--metrics-port`) ask `keel up` to
+    listen on, in start order; raises PortPlanError if they cannot all be."""
+    if options.processes:
+        names = service_names(options.runners, options.ledgers, options.kernels)
+    else:
+        names = service_names(options.runners)
+    internal = internal_ports(options.grpc_base_port, names)
+    metrics: dict[str, int] = {}
+    if metrics_port is not None and options.processes:
+        # One per child, as the supervisor gives them: this one and the next ones.
+        children = [*names, "edge"]
+        last = metrics_port + len(children) - 1
+        if last > HIGHEST_PORT:
+            raise PortPlanError(
+                f"--metrics-port {metrics_port}: {len(children)} processes need ports up to "
+                f"{last}, above {HIGHEST_PORT}"
+            )
+        metrics = {name: metrics_port + index for index, name in enumerate(children)}
+    elif metrics_port is not None:
+        metrics = {"up": metrics_port}
+    return planned_ports(options.host, options.http_port, options.grpc_port, internal, metrics)
 
 
 def data_dir_settings(settings: Settings, data_dir: Path | None) -> Settings:

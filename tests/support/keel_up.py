@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -38,6 +39,9 @@ _FOREIGN_ENV = (
     "KEEL_GRPC_TLS_KEY",
     "KEEL_GRPC_TLS_CA",
     "KEEL_GRPC_TLS_SERVER_NAME",
+    "KEEL_DEV_KEY",
+    "KEEL_GRPC_BASE_PORT",
+    "KEEL_METRICS_PORT",
     "OPENAI_API_KEY",
     "OPENAI_BASE_URL",
     "ANTHROPIC_API_KEY",
@@ -70,34 +74,65 @@ def _discovered(path: Path, child: ChildProcess) -> dict[str, Any]:
             raise AssertionError(f"keel up exited with {child.proc.returncode}:\n{child.output()}")
         with contextlib.suppress(OSError, ValueError):
             record: dict[str, Any] = json.loads(path.read_text())
-            return record
+            # Not one a killed `keel up` left behind.
+            if record.get("pid") == child.proc.pid:
+                return record
         time.sleep(0.05)  # polling a file with a deadline
     raise AssertionError(f"keel up wrote no {path.name}:\n{child.output()}")
 
 
+_UP_LINE = re.compile(r"^Keel is up: (http://\S+)/#key=(\S+)$")
+
+
 @contextlib.contextmanager
 def keel_up(
-    data_dir: Path, key: str, *args: str, env: Mapping[str, str] | None = None
+    data_dir: Path, key: str | None, *args: str, env: Mapping[str, str] | None = None
 ) -> Iterator[RunningKeel]:
-    """`keel up --http-port 0 ARGS` with dev key `key`, once it serves."""
+    """`keel up --http-port 0 ARGS` with dev key `key` (None: no KEEL_DEV_KEY,
+    the key is the one `keel up` announces), once it serves."""
+    fixed = {} if key is None else {"KEEL_DEV_KEY": key}
     child = ChildProcess(
         [
             *(str(KEEL), "up", "--data-dir", str(data_dir), "--http-port", "0"),
             # Any free gRPC port too (a test's own --grpc-port in ARGS wins).
             *("--grpc-port", "0", *args),
         ],
-        env=clean_env(KEEL_DEV_KEY=key, **(env or {})),
+        env=clean_env(**fixed, **(env or {})),
     )
     try:
-        child.wait_for_line(lambda line: line.startswith("Keel is up: http://"), START_DEADLINE_S)
+        line = child.wait_for_line(lambda text: bool(_UP_LINE.match(text)), START_DEADLINE_S)
+        announced = _UP_LINE.match(line)
+        assert announced is not None
+        # The announcement's last line: all of it (dev key, model) is read.
+        child.wait_for_line(lambda text: text.startswith("  try: curl "), START_DEADLINE_S)
         record = _discovered(data_dir / "keel-up.json", child)
-        yield RunningKeel(record["url"], data_dir, key, child)
+        yield RunningKeel(record["url"], data_dir, announced.group(2), child)
     finally:
         try:
             child.terminate(timeout=30)
         except Exception:
             child.kill()
             raise
+
+
+def free_port_run(count: int, attempts: int = 50) -> int:
+    """The first of `count` consecutive loopback ports nothing listens on now
+    (for `--grpc-base-port`); the kernel may hand them out later, so use them soon."""
+    for _ in range(attempts):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = int(probe.getsockname()[1])
+        if first + count - 1 > 65535:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(first, first + count):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return first
+    raise AssertionError(f"no {count} consecutive free ports found")
 
 
 def run_keel(

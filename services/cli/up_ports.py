@@ -1,0 +1,180 @@
+"""The ports `keel up` will listen on, checked before anything starts.
+
+Every port `keel up` was told to use (the edge's HTTP and gRPC ports, the
+internal gRPC ports of `--grpc-base-port`, the metrics ports of
+`--metrics-port`) is bound once as a test before any service starts, so a
+busy one ends the command with one line naming it and what it was for,
+instead of a traceback halfway through the start (or, with `--processes`, an
+edge restarted forever). A port taken between the test and the start (the
+race) is found again by the same test after the failure and told in the
+same line.
+
+With `--grpc-base-port B` the internal services listen on B, B+1, … in
+start order: the ledger(s), the kernel(s), the compaction service, then the
+runners (`keel up --processes --runners 2 --grpc-base-port 7100`: ledger
+7100, kernel 7101, compaction 7102, runner-1 7103, runner-2 7104); a
+replaced runner comes back on its predecessor's port. Without it they use
+free ports.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from services.common.metrics_endpoint import METRICS_HOST_ENV
+
+INTERNAL_HOST = "127.0.0.1"
+HIGHEST_PORT = 65535
+
+
+@dataclass(frozen=True)
+class NamedPort:
+    """A port `keel up` will listen on, and what for (for the one line)."""
+
+    host: str
+    port: int
+    # "the HTTP port", "the internal gRPC port of kernel", …
+    use: str
+    # The flag that chooses it, for the hint.
+    flag: str
+
+
+class PortUnavailable(Exception):
+    """A port `keel up` needs cannot be listened on (its message is the line to show)."""
+
+    def __init__(self, named: NamedPort, reason: str) -> None:
+        self.named = named
+        super().__init__(
+            f"port {named.port} ({named.use}) {reason}: stop what listens there "
+            f"or choose another with {named.flag}"
+        )
+
+
+class PortPlanError(ValueError):
+    """The ports asked for cannot all be used (e.g. two uses of one port)."""
+
+
+def service_names(runners: int, ledgers: int = 1, kernels: int = 1) -> list[str]:
+    """The internal services in start order, as `keel up --processes` names
+    its children (one replica keeps the plain name)."""
+
+    def replicas(service: str, count: int) -> list[str]:
+        return [service] if count == 1 else [f"{service}-{i + 1}" for i in range(count)]
+
+    return [
+        *replicas("ledger", ledgers),
+        *replicas("kernel", kernels),
+        "compaction",
+        *(f"runner-{i + 1}" for i in range(max(runners, 1))),
+    ]
+
+
+def internal_ports(base: int | None, names: Sequence[str]) -> dict[str, int]:
+    """Each internal service's gRPC port from `--grpc-base-port` ({}: free ports)."""
+    if base is None:
+        return {}
+    last = base + len(names) - 1
+    if last > HIGHEST_PORT:
+        raise PortPlanError(
+            f"--grpc-base-port {base}: {len(names)} services need ports up to {last}, "
+            f"above {HIGHEST_PORT}"
+        )
+    return {name: base + offset for offset, name in enumerate(names)}
+
+
+def metrics_host() -> str:
+    return os.environ.get(METRICS_HOST_ENV, "") or INTERNAL_HOST
+
+
+def planned_ports(
+    host: str,
+    http_port: int,
+    grpc_port: int,
+    internal: dict[str, int],
+    metrics: dict[str, int],
+) -> list[NamedPort]:
+    """Every fixed port of a `keel up` (0: any free port, nothing to check).
+    `metrics` is each process's metrics port (embedded: one, named "up")."""
+    named = [
+        NamedPort(host, http_port, "the HTTP port", "--http-port"),
+        NamedPort(host, grpc_port, "the gRPC port", "--grpc-port"),
+        *(
+            NamedPort(INTERNAL_HOST, port, f"the internal gRPC port of {name}", "--grpc-base-port")
+            for name, port in internal.items()
+        ),
+        *(
+            NamedPort(
+                metrics_host(),
+                port,
+                "the metrics port" if name == "up" else f"the metrics port of {name}",
+                "--metrics-port",
+            )
+            for name, port in metrics.items()
+        ),
+    ]
+    fixed = [p for p in named if p.port]
+    _refuse_shared(fixed)
+    return fixed
+
+
+def _refuse_shared(ports: Iterable[NamedPort]) -> None:
+    seen: dict[int, NamedPort] = {}
+    for named in ports:
+        first = seen.setdefault(named.port, named)
+        if first is not named:
+            raise PortPlanError(
+                f"port {named.port} would be both {first.use} and {named.use}: "
+                f"change {named.flag} or {first.flag}"
+            )
+
+
+def _unavailable_reason(host: str, port: int) -> str | None:
+    """Why nothing can listen on host:port now, or None when it can.
+
+    The test binds as the servers do (SO_REUSEADDR: a port left in TIME_WAIT
+    by an earlier run is free) and listens: only a listener there refuses."""
+    bind_host = host.strip("[]") or None
+    try:
+        infos = socket.getaddrinfo(
+            bind_host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as error:
+        return f"cannot be listened on at {host!r}: {error.strerror}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+            probe.listen(1)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return "is in use"
+            return f"cannot be listened on at {host or '*'}: {error.strerror}"
+    return None
+
+
+def first_unavailable(ports: Iterable[NamedPort]) -> PortUnavailable | None:
+    """The first of `ports` nothing could listen on now, as the error to raise."""
+    for named in ports:
+        reason = _unavailable_reason(named.host, named.port)
+        if reason is not None:
+            return PortUnavailable(named, reason)
+    return None
+
+
+def check_ports(ports: Iterable[NamedPort]) -> None:
+    """Raises PortUnavailable for the first port that cannot be listened on."""
+    unavailable = first_unavailable(ports)
+    if unavailable is not None:
+        raise unavailable
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now, for a service without a fixed one."""
+    with socket.socket() as probe:
+        probe.bind((INTERNAL_HOST, 0))
+        return int(probe.getsockname()[1])
