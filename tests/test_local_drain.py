@@ -1,15 +1,18 @@
 """`keel drain --local` and drains under `keel up --processes`, as operators run them.
 
 - `keel drain --local --mode handoff --deadline-ms 5000 --data-dir D` (the
-  manifests' preStop) drains the runner and the edge that recorded
-  themselves under D, directly: the runner busy with a slow answer stops at
-  the deadline and gives the session back, a successor (epoch+1) completes
-  the answer exactly once, the edge tells its SSE client `drain`, and both
-  drained processes exit 0 and are replaced by the supervisor.
+  manifests' preStop) beside `keel up --processes --grpc-base-port B`
+  drains the runner that recorded itself under D, directly, and only the
+  runner (as the edge's drain does): the runner busy with a slow answer
+  stops at the deadline and gives the session back, a successor (epoch+1)
+  completes the answer exactly once, and the drained runner exits 0 and is
+  replaced by the supervisor on its port (B+3); the edge is not drained
+  (its SSE client never hears `drain`, the edge is not restarted). The
+  record a killed earlier run left behind is deleted without a word.
 - `keel drain` with no id drains the runners, never the edge: its streams go
   on, /readyz stays 200, and the supervisor's new runner answers.
 - With nothing recorded, or only records of dead processes, it says so and
-  exits 1.
+  exits 1 (the dead records deleted, not listed one by one).
 """
 
 from __future__ import annotations
@@ -27,21 +30,21 @@ from typing import Any
 import httpx
 
 from services.cli.chat_view import SseEvent, SseParser
-from services.common.runtime_records import local_runtimes, record_runtime
+from services.common.runtime_records import local_runtimes, records_dir
 from tests.processes import ChildProcess
 from tests.runner.cluster import eventually
-from tests.support.keel_up import KEEL, clean_env, keel_cli
+from tests.support.keel_up import KEEL, clean_env, free_port_run, keel_cli
 
 KEY = "local-drain-dev-key-0123456789"
 DEADLINE_S = 60.0
 
 
 @asynccontextmanager
-async def keel_up_processes(data_dir: Path) -> AsyncIterator[tuple[ChildProcess, str]]:
-    """`keel up --processes` with one runner; (its process, the edge's URL)."""
+async def keel_up_processes(data_dir: Path, *args: str) -> AsyncIterator[tuple[ChildProcess, str]]:
+    """`keel up --processes ARGS` with one runner; (its process, the edge's URL)."""
     ports = ("--http-port", "0", "--grpc-port", "0")
     child = ChildProcess(
-        [str(KEEL), "up", "--processes", "--data-dir", str(data_dir), *ports],
+        [str(KEEL), "up", "--processes", "--data-dir", str(data_dir), *ports, *args],
         env=clean_env(KEEL_DEV_KEY=KEY),
     )
     try:
@@ -138,11 +141,35 @@ async def start_slow_answer(url: str, text: str) -> tuple[str, int]:
     return session, seq
 
 
-async def test_a_local_handoff_drain_hands_the_answer_to_a_successor(tmp_path: Path) -> None:
+def dead_pid() -> int:
+    """The pid of a process that has exited (as a SIGKILLed one leaves its record)."""
+    script = [sys.executable, "-c", "import os; print(os.getpid())"]
+    return int(subprocess.run(script, capture_output=True, text=True, check=True).stdout)
+
+
+def plant_dead_record(data_dir: Path, runtime_id: str, role: str = "runner") -> Path:
+    """A record as a runtime writes it, of a process that is gone."""
+    folder = records_dir(data_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{runtime_id}.json"
+    record = {"runtimeId": runtime_id, "role": role, "pid": dead_pid(), "address": "127.0.0.1:1"}
+    path.write_text(json.dumps({**record, "startedAtMs": 1}))
+    return path
+
+
+async def test_a_local_handoff_drain_beside_keel_up_drains_only_the_runner(
+    tmp_path: Path,
+) -> None:
     data_dir = tmp_path / "data"
-    async with keel_up_processes(data_dir) as (up, url):
+    base = free_port_run(4)  # ledger, kernel, compaction, runner-1
+    async with keel_up_processes(data_dir, "--grpc-base-port", str(base)) as (up, url):
         records = {r.role: r for r in local_runtimes(data_dir)}
         assert set(records) == {"runner", "edge"}, records
+        runner, edge = records["runner"], records["edge"]
+        assert runner.address == f"127.0.0.1:{base + 3}"
+        assert any(line.endswith(f"kernel listening on 127.0.0.1:{base + 1}") for line in up.lines)
+        # What an earlier, killed run left behind: deleted, never reported.
+        dead = plant_dead_record(data_dir, "rt-killed-earlier")
         # Streams for 16 s: still running when the 5 s deadline passes (the
         # drain command starts within seconds, even on a loaded machine).
         session, seq = await start_slow_answer(url, "/slow 16 " + " ".join(["word"] * 16))
@@ -163,22 +190,26 @@ async def test_a_local_handoff_drain_hands_the_answer_to_a_successor(tmp_path: P
         drain = ["drain", "--local", "--mode", "handoff", "--deadline-ms", "5000"]
         drained = await keel_cli(*drain, "--data-dir", str(data_dir))
         assert drained.returncode == 0, drained.stderr
-        lines = drained.stdout.splitlines()
-        runner, edge = records["runner"], records["edge"]
-        # Stopped at the deadline where it was, and given back at once.
-        assert (
+        # Stopped at the deadline where it was, and given back at once; the
+        # edge is left alone and the dead record is not mentioned.
+        assert drained.stdout.splitlines() == [
             f"runner {runner.runtime_id} (pid {runner.pid}): drained (handoff): "
             "1 run(s) in flight, 1 stopped where they were"
-        ) in lines, lines
-        assert any(
-            line.startswith(f"edge {edge.runtime_id} (pid {edge.pid}): drained") for line in lines
-        )
+        ], drained.stdout
+        assert not dead.exists()
         await up.line(exited("runner-1", runner.pid), DEADLINE_S)
-        await up.line(exited("edge", edge.pid), DEADLINE_S)
+        successor = await up.line(
+            lambda text: text.startswith("[runner-1 ") and "listening on" in text, DEADLINE_S
+        )
+        assert successor.endswith(f"listening on 127.0.0.1:{base + 3}"), successor
 
         drains = await asyncio.wait_for(following, DEADLINE_S)
-        assert drains >= 1, "the draining edge told its client `drain`"
-        facts = await eventually(lambda: facts_of(url, session), "the edge back", DEADLINE_S)
+        assert drains == 0, "the edge was not drained: its client never heard `drain`"
+        assert not any(f"edge (pid {edge.pid}) exited" in line for line in up.lines)
+        assert [r.runtime_id for r in local_runtimes(data_dir) if r.role == "edge"] == [
+            edge.runtime_id
+        ]
+        facts = await eventually(lambda: facts_of(url, session), "the facts", DEADLINE_S)
     seqs = [f["seq"] for f in facts]
     assert seqs == list(range(1, len(seqs) + 1))
     assert [int(e.id) for e in events if e.id is not None] == seqs, "the client saw each fact once"
@@ -240,15 +271,11 @@ def test_nothing_recorded_or_only_the_dead_is_an_error(tmp_path: Path) -> None:
     assert nothing.returncode == 1 and "Traceback" not in nothing.stderr
     assert nothing.stderr.startswith("keel drain --local: no runtime recorded under")
 
-    # A record left by a process that is gone (as SIGKILL leaves it).
-    script = [sys.executable, "-c", "import os; print(os.getpid())"]
-    dead = subprocess.run(script, capture_output=True, text=True, check=True)
-    path = record_runtime(data_dir, "rt-dead", "runner", "127.0.0.1:1")
-    assert path is not None
-    record = json.loads(path.read_text())
-    path.write_text(json.dumps({**record, "pid": int(dead.stdout)}))
+    # Records left by processes that are gone (as SIGKILL leaves them).
+    paths = [plant_dead_record(data_dir, f"rt-dead-{i}") for i in range(3)]
     stale = drain()
     assert stale.returncode == 1
-    assert f"runner rt-dead: pid {int(dead.stdout)} is gone" in stale.stdout
-    assert not path.exists(), "the dead process's record was removed"
+    assert stale.stdout == "", "a gone process is not reported one by one"
+    assert stale.stderr.startswith("keel drain --local: no runtime recorded under")
+    assert not any(path.exists() for path in paths), "the dead processes' records were removed"
     assert not os.listdir(data_dir / "runtimes")

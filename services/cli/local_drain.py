@@ -18,17 +18,18 @@ answering process reports, and skipped.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from services.cli.data_dir import TOKEN_FILE, data_dir_token
+from services.cli.discovery import read_discovery
 from services.common.config import Settings
 from services.common.errors import KeelError
 from services.common.internal_auth import TOKEN_HEADER
-from services.common.runtime_records import LOCAL_DRAIN_PATH, RuntimeRecord, local_runtimes
+from services.common.runtime_records import LOCAL_DRAIN_PATH, RuntimeRecord, live_runtimes
 from services.runner.client import RunnerClient
 from services.runner.errors import InvalidDrain
 
@@ -60,20 +61,30 @@ def local_settings(settings: Settings) -> Settings:
     return settings
 
 
-def recorded(request: LocalDrain) -> tuple[list[RuntimeRecord], list[str]]:
-    """The live runtimes to drain, and a line for each record set aside."""
-    notes: list[str] = []
-    chosen: list[RuntimeRecord] = []
-    for record in local_runtimes(request.data_dir):
-        if request.runtime_id is not None and record.runtime_id != request.runtime_id:
-            continue
-        if not record.alive():
-            notes.append(f"{record.role} {record.runtime_id}: pid {record.pid} is gone")
-            with contextlib.suppress(OSError):
-                record.path.unlink()
-            continue
-        chosen.append(record)
-    return chosen, notes
+def beside_keel_up(data_dir: Path) -> bool:
+    """Whether a `keel up` runs on `data_dir` (its announcement names a live pid)."""
+    record = read_discovery(data_dir) or {}
+    pid = record.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recorded(request: LocalDrain) -> list[RuntimeRecord]:
+    """The live runtimes to drain (records of processes that are gone are
+    deleted on the way, without a word)."""
+    records = live_runtimes(request.data_dir)
+    if request.runtime_id is not None:
+        return [r for r in records if r.runtime_id == request.runtime_id]
+    if beside_keel_up(request.data_dir):
+        return [r for r in records if r.role == "runner"]
+    return records
 
 
 async def _runner(record: RuntimeRecord, request: LocalDrain, settings: Settings) -> str:
@@ -126,7 +137,8 @@ async def _edge(record: RuntimeRecord, request: LocalDrain, settings: Settings) 
 
 async def drain_local(request: LocalDrain, settings: Settings) -> tuple[list[str], list[str]]:
     """Drains (or undoes) every recorded runtime at once; (lines, failures)."""
-    records, lines = recorded(request)
+    records = recorded(request)
+    lines: list[str] = []
     failures: list[str] = []
     if not records:
         what = f"runtime {request.runtime_id}" if request.runtime_id else "no runtime"

@@ -6,9 +6,11 @@ pid, address, startedAtMs} once it serves, and removes it when it stops, so
 asking anyone: the runner's internal gRPC address, the edge's HTTP address,
 both as this host dials them (a wildcard bind becomes loopback).
 
-A process killed with SIGKILL leaves its record behind; readers skip the
-records of processes that are gone, and a record naming a live pid is
-checked against the runtime that answers at its address before use.
+A process killed with SIGKILL leaves its record behind: the next runtime to
+record itself under the same data dir deletes the records of processes
+that are gone, and readers skip (and delete) any left, without a word (a
+gone process has nothing to drain). A record naming a live pid is checked
+against the runtime that answers at its address before use.
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ def _write_record(data_dir: Path, runtime_id: str, role: str, address: str) -> P
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     folder = records_dir(data_dir)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # What earlier, killed runs left here points at nothing any more.
+    live_runtimes(data_dir)
     path = folder / f"{runtime_id}.json"
     record = {
         "runtimeId": runtime_id,
@@ -125,6 +129,19 @@ def local_runtimes(data_dir: Path) -> list[RuntimeRecord]:
         return []
     records = [r for r in map(_read, paths) if r is not None]
     return sorted(records, key=lambda r: (r.started_at_ms, r.runtime_id))
+
+
+def live_runtimes(data_dir: Path) -> list[RuntimeRecord]:
+    """The records under `data_dir` whose process still exists, oldest
+    first; the others are deleted on the way."""
+    live = []
+    for record in local_runtimes(data_dir):
+        if record.alive():
+            live.append(record)
+        else:
+            with contextlib.suppress(OSError):
+                record.path.unlink()
+    return live
 
 
 def _read(path: Path) -> RuntimeRecord | None:
