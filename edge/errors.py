@@ -28,7 +28,6 @@ details (the `field` an invalid loadout names, the `seq` of a conflict).
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import ClassVar
 
@@ -36,11 +35,10 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from edge.refusals import REFUSALS
 from services import blobs as blob_errors
 from services.common.errors import KeelError, ServiceUnavailable
 from services.ledger import errors as ledger_errors
-
-log = logging.getLogger("keel.edge")
 
 # A refusal names what it refused, but never hands a long client value back:
 # error messages end up in logs and UIs.
@@ -229,7 +227,8 @@ async def handle_service_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, KeelError)
     mapped = from_service_error(error)
     if mapped.status >= 500:
-        log.warning("%s %s: %s (%s)", request.method, request.url.path, error.message, error.reason)
+        # Counted with every answer; said once per outage (edge.refusals).
+        REFUSALS.refused(f"{request.method} {request.url.path}: {error.message} ({error.reason})")
     return mapped.response()
 
 

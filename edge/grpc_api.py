@@ -51,6 +51,7 @@ from edge.fanout import Drain
 from edge.gateway import DEFAULT_SESSION_PAGE, Gateway, SessionInfo
 from edge.inputs import Committed
 from edge.limits import Guards, client_address, too_large
+from edge.refusals import REFUSALS
 from keel.sessions.v1 import sessions_pb2 as pb
 from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
 from services.common.errors import KeelError, guarded, rich_status
@@ -91,7 +92,7 @@ async def _abort(context: Any, error: Exception, rpc: str) -> None:
         log.error("unexpected error in %s", rpc, exc_info=error)
         refusal = EdgeError("internal error; see the edge's log")
     elif refusal.grpc_code == grpc.StatusCode.UNAVAILABLE:
-        log.warning("%s: %s (%s)", rpc, refusal.message, refusal.reason)
+        REFUSALS.refused(f"{rpc}: {refusal.message} ({refusal.reason})")
     await context.abort_with_status(status_of(refusal))
 
 

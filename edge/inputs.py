@@ -25,8 +25,11 @@ from edge.gateway import Gateway
 from services.blobs import is_blob_id
 from services.common import tracing
 from services.common.errors import KeelError
+from services.common.outage_log import OutageLog
 
 log = logging.getLogger("keel.edge.inputs")
+# Inputs committed whose session the kernel could not be told of.
+WAKE_UPS = OutageLog(log, "kernel", attempts="wake-ups of committed inputs failed")
 
 # What the ledger accepts as a requestId, checked here first so that a refusal
 # quotes no more of a client's value than `shown` allows.
@@ -151,7 +154,8 @@ async def _append_input(
         # one that was lost, and a spare wake-up is harmless.
         await gateway.kernel.enqueue(session_id, caller.tenant_id, appended.seq, unpark=True)
     except KeelError as error:
-        log.warning("input %s of %s committed, wake-up failed: %s", appended.seq, session_id, error)
+        # Said once per outage, not once per input (services.common.outage_log).
+        WAKE_UPS.failed(f"input {appended.seq} of {session_id} committed, not woken: {error}")
         # Committed, but a parked session stays parked until woken: sending
         # the same requestId again is a duplicate that wakes it.
         unwoken = Unavailable(
@@ -161,6 +165,7 @@ async def _append_input(
         )
         unwoken.metadata.update({"seq": str(appended.seq), "requestId": request_id})
         raise unwoken from None
+    WAKE_UPS.succeeded()
     return Committed(appended.seq, appended.duplicate, request_id, retry_safe)
 
 

@@ -60,6 +60,20 @@ def attach_edge(gateway: Gateway, address: str) -> Attachment:
     return gateway.kernel.attach(gateway.edge_id, reregister=register)
 
 
+async def services_answer(gateway: Gateway) -> bool:
+    """Whether the kernel and the ledger both answer this edge, each through
+    a call that reaches its database (what /readyz asks): the probe that
+    tells an edge's refusals are over (edge.refusals)."""
+    try:
+        await asyncio.wait_for(
+            asyncio.gather(gateway.kernel.list_runtimes(), gateway.ledger.list_sessions(limit=1)),
+            STATUS_TIMEOUT_S,
+        )
+    except (KeelError, TimeoutError):
+        return False
+    return True
+
+
 def _tenants_of(info: RuntimeInfo) -> dict[str, str]:
     """The tenant of each session the kernel says `info` holds, by ledger id."""
     tenants = info.session_tenant_ids or ("",) * len(info.session_ids)

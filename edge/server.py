@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,7 +38,8 @@ from edge.app import create_app
 from edge.gateway import EdgeConfig, Gateway
 from edge.grpc_api import session_service
 from edge.limits import ClientLimits, Guards
-from edge.runtime_status import attach_edge
+from edge.refusals import REFUSALS
+from edge.runtime_status import attach_edge, services_answer
 from edge.slow_clients import guarded_protocol
 from services.blobs import blob_store
 from services.common.config import Settings
@@ -68,6 +71,7 @@ class EdgeServer:
         self._socket: socket.socket | None = None
         self._grpc: RunningServer | None = None
         self._record: Path | None = None
+        self._unwatch: Callable[[], None] = lambda: None
 
     async def start(self) -> EdgeServer:
         blobs = await asyncio.to_thread(blob_store, self.settings)
@@ -120,6 +124,7 @@ class EdgeServer:
         )
         # Listed by every edge's status, like a runner (edge.runtime_status).
         attach_edge(self.gateway, local_dial_address(self.host, self.port))
+        self._unwatch = REFUSALS.watch_with(functools.partial(services_answer, self.gateway))
         return self
 
     @property
@@ -140,6 +145,7 @@ class EdgeServer:
         return f"{self.host}:{self._grpc.port}"
 
     async def stop(self) -> None:
+        self._unwatch()
         if self._record is not None:
             forget_runtime(self._record)
         if self.gateway is not None:

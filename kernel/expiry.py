@@ -61,6 +61,7 @@ from kernel.errors import UnknownRuntime
 from kernel.registry import RegistryStore
 from kernel.store import LeaseStore, now_ms
 from services.common.errors import KeelError
+from services.common.outage_log import OutageLog
 
 log = logging.getLogger("keel.kernel.expiry")
 
@@ -185,13 +186,15 @@ async def _periodically(interval_s: float, chore: Callable[[], int], what: str, 
     kernel's housekeeping must outlive an outage. `done` is logged, with the
     chore's count, when it did something.
     """
+    outage = OutageLog(log, "kernel database", attempts=f"{what}s failed")
     while True:
         await asyncio.sleep(interval_s)
         try:
             count = await asyncio.to_thread(chore)
         except KeelError as error:
-            log.warning("%s failed: %s", what, error)
+            outage.failed(error)  # said once per outage, not every time
             continue
+        outage.succeeded()
         if count:
             log.info(done, count)
 

@@ -50,6 +50,7 @@ from typing import TypeVar
 from kernel.database import Database, Tx
 from kernel.store import Clock, LeaseStore, now_ms
 from services.common.errors import KeelError
+from services.common.outage_log import OutageLog
 from services.common.runtime_records import local_runtimes
 
 log = logging.getLogger("keel.kernel.liveness")
@@ -155,6 +156,8 @@ class Heartbeats:
         self._interval_s = interval_ms / 1000
         self._dead_after_ms = dead_after_ms
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="keel-heartbeat")
+        # Said once per outage of the store, not every round.
+        self._outage = OutageLog(log, "kernel database", attempts="runtime heartbeats failed")
         # Rounds completed (beat and search both done), for observers.
         self.rounds = 0
         # The runtimes buried here with the sessions each freed, in order.
@@ -175,8 +178,10 @@ class Heartbeats:
                     await self.round(search=loop.time() >= search_from)
                 except KeelError as error:
                     # The store is away: the lease TTL still bounds the wait.
-                    log.warning("runtime heartbeat failed: %s", error)
+                    self._outage.failed(error)
                     search_from = loop.time() + self._dead_after_ms / 1000
+                else:
+                    self._outage.succeeded()
                 await asyncio.sleep(self._interval_s)
         finally:
             self._executor.shutdown(wait=False)

@@ -30,6 +30,7 @@ from keel.ledger.v1 import ledger_pb2 as pb
 from kernel.store import LeaseStore
 from services.common.config import Settings
 from services.common.errors import KeelError
+from services.common.outage_log import OutageLog
 from services.ledger import LedgerClient
 from services.ledger.client import SessionPage
 
@@ -115,12 +116,16 @@ class Reconciler:
         )
 
     async def run(self) -> None:
+        outage = OutageLog(log, "ledger", attempts="reconciliations failed")
         while True:
             try:
                 await self.reconcile_once()
             except KeelError as error:
-                # The ledger may be starting or restarting; the next pass catches up.
-                log.warning("reconciliation with the ledger failed: %s", error)
+                # The ledger may be starting or restarting; the next pass
+                # catches up. Said once per outage, not every pass.
+                outage.failed(error)
+            else:
+                outage.succeeded()
             await asyncio.sleep(self._interval_s)
 
     async def close(self) -> None:

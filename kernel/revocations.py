@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 
 from kernel.tenancy import Revocation, TenantStore
 from services.common.errors import KeelError
+from services.common.outage_log import OutageLog
 
 log = logging.getLogger("keel.kernel.revocations")
 
@@ -67,14 +68,15 @@ class RevocationFeed:
                 self._poller = None
 
     async def _poll(self) -> None:
+        outage = OutageLog(log, "kernel database", attempts="polls of key revocations failed")
         while True:
             await asyncio.sleep(self._poll_s)
             try:
                 highest = await asyncio.to_thread(self._tenants.last_revocation_id)
             except KeelError as error:
-                # The watchers' own reads report a lasting outage.
-                log.warning("cannot poll key revocations: %s", error)
+                outage.failed(error)  # said once per outage, not every poll
                 continue
+            outage.succeeded()
             if highest > self._highest_seen:
                 self._highest_seen = highest
                 self.notify()

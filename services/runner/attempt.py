@@ -49,6 +49,8 @@ from kernel import StaleEpoch as KernelStaleEpoch
 from services.blob_parts import BlobContent
 from services.common import faults, tracing
 from services.common.config import DEFAULT_MAX_FACT_BYTES
+from services.common.errors import ServiceUnavailable
+from services.common.outage_log import OutageLog
 from services.ledger import LedgerClient, StaleEpoch
 from services.ledger.facts import INPUT, CommittedFact
 from services.runner import metrics as runner_metrics
@@ -486,6 +488,8 @@ async def renew_until_lost(
 ) -> None:
     """Renews on its own task so model or tool work can never starve it."""
     interval = max(lease_ms / 3000.0, 0.05)
+    # The kernel (or its database) away is said once, not every renewal.
+    outage = OutageLog(log, f"kernel (lease of {lease.session_id})", attempts="renewals failed")
     while True:
         await asyncio.sleep(interval)
         try:
@@ -494,8 +498,13 @@ async def renew_until_lost(
             log.warning("lease of %s lost", lease.session_id)
             on_lost()
             return
-        except Exception:  # the kernel is briefly unreachable: try again
+        except ServiceUnavailable as error:  # the kernel is briefly away: try again
+            outage.failed(error)
+            continue
+        except Exception:
             log.exception("lease renewal failed; retrying")
+            continue
+        outage.succeeded()
 
 
 AttemptFactory = Callable[[Lease], Awaitable[Attempt]]

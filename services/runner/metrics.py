@@ -61,7 +61,15 @@ _provider_tokens = _meter.create_counter(
     "cache_read, cache_write)",
 )
 
+_claim_failures = _meter.create_counter(
+    "keel.runner.claim_failures",
+    description="claims that failed, by why: unavailable (the kernel or its database is "
+    "away; logged once per outage), refused (the kernel said no), error (a bug, logged with "
+    "its traceback)",
+)
+
 BUILTIN_SOURCE = "builtin"
+CLAIM_FAILURES = ("unavailable", "refused", "error")
 
 
 ATTEMPT_OUTCOMES = (
@@ -80,6 +88,13 @@ def prime() -> None:
     _turns.add(0)
     for outcome in ATTEMPT_OUTCOMES:
         _attempts.add(0, {"outcome": outcome})
+    for why in CLAIM_FAILURES:
+        _claim_failures.add(0, {"why": why})
+
+
+def claim_failed(why: str) -> None:
+    """One claim failed: `why` is one of CLAIM_FAILURES."""
+    _claim_failures.add(1, {"why": why})
 
 
 def turn_answered() -> None:

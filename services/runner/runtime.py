@@ -45,6 +45,7 @@ from services.blobs import BlobStore, blob_store
 from services.common import faults, tracing
 from services.common.config import Settings
 from services.common.errors import KeelError, ServiceUnavailable
+from services.common.outage_log import OutageLog
 from services.ledger import LedgerClient
 from services.runner import metrics as runner_metrics
 from services.runner.attempt import (
@@ -74,6 +75,8 @@ log = logging.getLogger("keel.runner")
 
 __all__ = ["DRAIN_HANDOFF", "DRAIN_NONE", "DRAIN_SHUTDOWN", "DrainResult", "Runtime", "drive"]
 CANCEL_WATCH_DELAY_S = 0.1
+# How long the claim loop waits after a failed claim.
+CLAIM_RETRY_S = 0.5
 
 
 class Runtime:
@@ -95,6 +98,7 @@ class Runtime:
         self.compaction: CompactionHook = compaction or NoCompaction()
         self._running: dict[str, Running] = {}
         self._slots = asyncio.Semaphore(config.concurrency)
+        self._kernel_outage = OutageLog(log, "kernel", attempts="claims failed")
         self._providers: dict[str, Provider] = {}
         tools = SourceFactory(
             builtin_tools(CounterStore(Path(settings.data_dir) / "counter.sqlite3")),
@@ -241,11 +245,12 @@ class Runtime:
             except asyncio.CancelledError:
                 self._slots.release()
                 raise
-            except Exception:
+            except Exception as error:
                 self._slots.release()
-                log.exception("claim failed; retrying")
-                await asyncio.sleep(0.5)
+                self._claim_failed(error)
+                await asyncio.sleep(CLAIM_RETRY_S)
                 continue
+            self._kernel_outage.succeeded()
             if claim is None:
                 self._slots.release()
                 continue
@@ -259,6 +264,20 @@ class Runtime:
             self._idle.clear()
             task = asyncio.create_task(self._run(claim), name=f"attempt-{lease.session_id}")
             self._running[lease.session_id] = Running(task, lease)
+
+    def _claim_failed(self, error: Exception) -> None:
+        """Says why a claim failed, once per outage for a kernel (or its
+        database) that is away (services.common.outage_log); a refusal
+        without a traceback; anything else, a bug, with its traceback."""
+        if isinstance(error, ServiceUnavailable):
+            runner_metrics.claim_failed("unavailable")
+            self._kernel_outage.failed(error)
+        elif isinstance(error, KeelError):
+            runner_metrics.claim_failed("refused")
+            log.warning("claim refused; retrying: %s", error)
+        else:
+            runner_metrics.claim_failed("error")
+            log.exception("claim failed; retrying")
 
     async def _hand_back_unstarted(self, lease: Lease) -> None:
         try:
