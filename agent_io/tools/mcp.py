@@ -9,12 +9,17 @@ runner's secrets out of its reach (agent_io.tools.child_sandbox). Each line
 the server writes on stderr becomes one record of the `keel.tools.mcp`
 logger, prefixed with the server's name.
 
-A streamable-HTTP server gets the resolved headers on every request.
+A streamable-HTTP server gets the resolved headers on every request. One
+that no longer knows the client's session (it restarted) gets a new session
+and the refused request again, as the MCP spec asks of a client; one that
+cannot be reached fails the call, and the next use connects anew, as a
+stdio server that exited is started again.
 
 The SDK's client is a nest of async context managers and task groups that
 must be left by the task that entered them, while calls and `aclose()` come
 from any task; so each connection is owned by a task of its own and callers
-only send requests through its session. A call carries the idempotency key
+only send requests through its session (agent_io.tools.mcp_streams holds
+the streams around it). A call carries the idempotency key
 in the request `_meta` as `keel/idempotencyKey`. Every way a call can fail
 (timeout, server unreachable or gone mid-call, protocol error, malformed
 result) is an error outcome naming the problem. Size limits are applied by
@@ -34,8 +39,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TextIO, TypeVar, cast
+from typing import TYPE_CHECKING, Literal, TextIO, TypeVar, cast
 
 import anyio
 import httpx2
@@ -44,7 +48,6 @@ from mcp.client import Transport
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import MCP_SESSION_ID, streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED, CallToolResult, Implementation, RequestParamsMeta
 from pydantic import ValidationError
 
@@ -52,10 +55,10 @@ from agent_io.tools import child_sandbox
 from agent_io.tools.base import BlobSink, ToolCall, ToolOutcome, ToolSpec
 from agent_io.tools.child_sandbox import ChildLaunch
 from agent_io.tools.mcp_results import MalformedResult, outcome_from_result
+from agent_io.tools.mcp_streams import StderrLog, watched
 
 if TYPE_CHECKING:  # the SDK's own names for these types live in private modules
     from mcp.client._transport import TransportStreams
-    from mcp.shared._stream_protocols import ReadStream
 
 __all__ = ["IDEMPOTENCY_META_KEY", "BlobSink", "McpServerConfig", "McpSource", "McpSourceError"]
 
@@ -64,9 +67,7 @@ INHERITED_VARIABLES = ("PATH", "HOME", "LANG")
 CLIENT_INFO = Implementation(name="keel-runner", version="1")
 # Bound on the whole listing, and on starting a server before its first use.
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
-# How long the server's stderr may stay open after it stopped (a grandchild can
-# hold it), and how long a caller waits to learn why a connection ended.
-_STDERR_GRACE_S = 2.0
+# How long a caller waits to learn why a connection ended.
 _FAILURE_GRACE_S = 2.0
 _LIST_PAGE_CAP = 100
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -336,7 +337,7 @@ class _Connection:
         else:
             transport = await self._http(stack)
         client = Client(
-            _watched(transport, self._transport_ended), cache=None, client_info=CLIENT_INFO
+            watched(transport, self._transport_ended), cache=None, client_info=CLIENT_INFO
         )
         return await stack.enter_async_context(client)
 
@@ -349,7 +350,7 @@ class _Connection:
         read_fd, write_fd = os.pipe()
         errlog: TextIO = os.fdopen(write_fd, "w")
         try:
-            reader = await _StderrLog.start(read_fd, self._config.label)
+            reader = await StderrLog.start(read_fd, self._config.label)
         except BaseException:
             errlog.close()
             raise
@@ -395,103 +396,6 @@ def _child_launch(config: McpServerConfig) -> ChildLaunch:
         return child_sandbox.launch(os.path.abspath(executable), config.command[1:], env)
     except child_sandbox.SandboxError as error:
         raise _Unavailable(str(error)) from None
-
-
-class _StderrLog:
-    """Logs each line a child writes on stderr as one record."""
-
-    def __init__(self, transport: asyncio.ReadTransport, task: asyncio.Task[None]) -> None:
-        self._transport = transport
-        self._task = task
-
-    @classmethod
-    async def start(cls, fd: int, label: str) -> _StderrLog:
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=1 << 20)
-        pipe = os.fdopen(fd, "rb")
-        try:
-            transport, _ = await loop.connect_read_pipe(
-                lambda: asyncio.StreamReaderProtocol(reader), pipe
-            )
-        except BaseException:
-            pipe.close()
-            raise
-        task = asyncio.create_task(cls._pump(reader, label), name=f"mcp-stderr-{label}")
-        return cls(transport, task)
-
-    @staticmethod
-    async def _pump(reader: asyncio.StreamReader, label: str) -> None:
-        while True:
-            try:
-                line = await reader.readline()
-            except ValueError:  # asyncio dropped a line longer than the reader's limit
-                log.info("%s: [a stderr line over 1 MiB was dropped]", label)
-                continue
-            if not line:
-                return
-            text = line.decode(errors="replace").rstrip("\r\n")
-            log.info("%s: %s", label, text, extra={"mcp_server": label})
-
-    async def finish(self) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_STDERR_GRACE_S):
-                await asyncio.shield(self._task)
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._transport.close()
-
-
-class _EndWatchingReader:
-    """A transport's read stream that reports when it reaches its end."""
-
-    def __init__(self, inner: ReadStream[SessionMessage | Exception], ended: asyncio.Event):
-        self._inner = inner
-        self._ended = ended
-
-    @property
-    def last_context(self) -> Any:
-        return getattr(self._inner, "last_context", None)
-
-    async def receive(self) -> SessionMessage | Exception:
-        try:
-            return await self._inner.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._ended.set()
-            raise
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    def __aiter__(self) -> _EndWatchingReader:
-        return self
-
-    async def __anext__(self) -> SessionMessage | Exception:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> _EndWatchingReader:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-
-@asynccontextmanager
-async def _watched(transport: Transport, ended: asyncio.Event) -> AsyncIterator[TransportStreams]:
-    """The transport, with `ended` set when the server side closes the stream."""
-    try:
-        async with transport as (read_stream, write_stream):
-            yield _EndWatchingReader(read_stream, ended), write_stream
-    finally:
-        ended.set()
 
 
 def _reason(exc: BaseException) -> str:
