@@ -498,7 +498,8 @@ def drain(
         typer.Option(
             "--local",
             help="the runtimes recorded under --data-dir (this pod or host), drained "
-            "directly with the internal token: no edge, no key",
+            "directly with the internal token: no edge, no key (beside a running "
+            "`keel up`: its runners only, as through the edge)",
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="the edge's answer as JSON")] = False,
