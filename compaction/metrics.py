@@ -6,17 +6,21 @@ import time
 
 from opentelemetry import metrics
 
-_meter = metrics.get_meter("keel.compaction")
+from services.common.metrics_at_start import HistogramSpec, show_from_start
+
+_METER = "keel.compaction"
+_meter = metrics.get_meter(_METER)
 _compactions = _meter.create_counter(
     "keel.compaction.compactions",
     description="compaction facts committed, by reason (threshold, overflow, manual)",
 )
-_duration = _meter.create_histogram(
+_DURATION = HistogramSpec(
     "keel.compaction.duration",
     unit="ms",
     description="a committed compaction from the Compact call to its fact in the ledger "
     "(reading the session, the summary model call, the append), by reason",
 )
+_duration = _DURATION.create(_meter)
 _tokens = _meter.create_counter(
     "keel.compaction.tokens",
     description="context tokens before and after the compactions committed (when: before, after)",
@@ -30,9 +34,14 @@ _context_latency = _meter.create_histogram(
 )
 
 
+REASONS = ("threshold", "overflow", "manual")
+
+
 def prime() -> None:
-    """Counters at 0 from the start (see kernel.metrics.prime)."""
-    for reason in ("threshold", "overflow", "manual"):
+    """Counters at 0 from the start (see kernel.metrics.prime), and the
+    duration histogram served with a zero count until the first compaction."""
+    show_from_start(_METER, _DURATION, [{"reason": reason} for reason in REASONS])
+    for reason in REASONS:
         _compactions.add(0, {"reason": reason})
 
 

@@ -12,6 +12,8 @@ import time
 
 from opentelemetry import metrics
 
+from services.common.metrics_at_start import HistogramSpec, show_from_start
+
 _meter = metrics.get_meter("keel.edge")
 _requests = _meter.create_counter(
     "keel.edge.requests",
@@ -25,16 +27,20 @@ _sse_frames = _meter.create_counter(
     "keel.edge.sse_frames",
     description="SSE events sent to clients (facts, partials, status, drain), summed over clients",
 )
-_drain_duration = _meter.create_histogram(
+_DRAIN_DURATION = HistogramSpec(
     "keel.edge.drain_duration",
     unit="ms",
     description="a runner's drain as the operator's drain request saw it, from the call to "
     "the runner's answer that it finished (or failed), by mode and result",
 )
+_drain_duration = _DRAIN_DURATION.create(_meter)
 
 
 def prime() -> None:
-    """Instruments at 0 from the start (see kernel.metrics.prime)."""
+    """Instruments at 0 from the start (see kernel.metrics.prime); the drain
+    histogram with a zero count until the first drain."""
+    modes = [{"mode": mode, "result": "drained"} for mode in ("handoff", "shutdown")]
+    show_from_start("keel.edge", _DRAIN_DURATION, modes)
     _sse_clients.add(0)
     _sse_frames.add(0)
 

@@ -19,9 +19,11 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from kernel.domain import Event, Transition
+from services.common.metrics_at_start import HistogramSpec, show_from_start
 
 log = logging.getLogger("keel.kernel.metrics")
-_meter = metrics.get_meter("keel.kernel")
+_METER = "keel.kernel"
+_meter = metrics.get_meter(_METER)
 _claims = _meter.create_counter("keel.kernel.claims", description="leases issued (epochs)")
 _reclaims = _meter.create_counter(
     "keel.kernel.reclaimed",
@@ -29,7 +31,7 @@ _reclaims = _meter.create_counter(
     "TTL or its holder's connection died): the claim answered reclaimed=true, "
     "by how the old lease ended (expired_by: ttl, disconnect)",
 )
-_takeover = _meter.create_histogram(
+_TAKEOVER = HistogramSpec(
     "keel.kernel.takeover_latency",
     unit="ms",
     description="a reclaimed claim's takeover time: from the moment the old lease was "
@@ -37,6 +39,7 @@ _takeover = _meter.create_histogram(
     "by expired_by; the successor's first commit after the claim is "
     "keel.runner.takeover_first_commit",
 )
+_takeover = _TAKEOVER.create(_meter)
 _admission_rejections = _meter.create_counter(
     "keel.kernel.admission_rejections",
     description="claimable sessions passed over by a claim because their tenant had no "
@@ -52,9 +55,10 @@ _finishes = _meter.create_counter(
 _lease_age = _meter.create_histogram(
     "keel.kernel.lease_age", unit="ms", description="how long a lease was held when it ended"
 )
-_queue_wait = _meter.create_histogram(
+_QUEUE_WAIT = HistogramSpec(
     "keel.kernel.queue_wait", unit="ms", description="runnable until claimed"
 )
+_queue_wait = _QUEUE_WAIT.create(_meter)
 
 _ENDINGS = {
     Event.RELEASE: ("release", {}),
@@ -68,7 +72,11 @@ _ENDINGS = {
 
 def prime() -> None:
     """Counters at 0 from the start, so a scrape shows them (and a rate over
-    them starts) before the first lease ends or is reclaimed."""
+    them starts) before the first lease ends or is reclaimed; histograms of
+    rarer events served with a zero count until the first
+    (services.common.metrics_at_start)."""
+    show_from_start(_METER, _TAKEOVER, [{"expired_by": cause} for cause in ("ttl", "disconnect")])
+    show_from_start(_METER, _QUEUE_WAIT)
     _claims.add(0)
     _releases.add(0)
     _admission_rejections.add(0)

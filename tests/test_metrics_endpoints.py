@@ -38,6 +38,8 @@ EXPECTED = {
         "keel_ledger_append_latency_milliseconds_bucket",
         "keel_ledger_batch_size_bucket",
         "keel_ledger_facts_appended_total",
+        # 0 from the start: no writer was fenced off.
+        "keel_ledger_stale_appends_total",
     },
     "kernel": {
         "keel_kernel_claims_total",
@@ -62,6 +64,9 @@ EXPECTED = {
         "keel_runner_provider_first_event_milliseconds_bucket",
         "keel_runner_provider_tokens_total",
         "keel_runner_tool_latency_milliseconds_bucket",
+        "keel_runner_claim_failures_total",
+        # Served at zero before the runner's first drain.
+        "keel_runner_drain_duration_milliseconds_bucket",
         # The runner's own compaction service commits its compactions.
         "keel_compaction_compactions_total",
         "keel_compaction_duration_milliseconds_bucket",

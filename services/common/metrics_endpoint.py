@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from prometheus_client import CollectorRegistry, start_http_server
 
+from services.common.metrics_at_start import StartingAtZero
+
 log = logging.getLogger("keel.metrics")
 
 METRICS_PORT_ENV = "KEEL_METRICS_PORT"
@@ -52,7 +54,8 @@ def start_metrics_endpoint(endpoint: MetricsEndpoint) -> PrometheusMetricReader:
     # A registry of our own: prometheus_client's default one would add the
     # process and GC collectors of whatever else imported it.
     registry = CollectorRegistry()
-    reader = PrometheusMetricReader(registry=registry)
+    # Rare events' histograms show from the first scrape, at zero.
+    reader = StartingAtZero(registry=registry)
     if endpoint.port is not None:
         start_http_server(endpoint.port, endpoint.host, registry=registry)
         # Services wait for this line as they wait for "listening on".

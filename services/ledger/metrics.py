@@ -14,28 +14,48 @@ from typing import Any
 
 from opentelemetry import metrics
 
+from services.common.metrics_at_start import HistogramSpec, show_from_start
 from services.ledger.errors import StaleEpoch
 
-_meter = metrics.get_meter("keel.ledger")
-_append_latency = _meter.create_histogram(
+_METER = "keel.ledger"
+_meter = metrics.get_meter(_METER)
+_APPEND_LATENCY = HistogramSpec(
     "keel.ledger.append_latency",
     unit="ms",
     description="an Append call from its arrival to its outcome (committed, duplicate "
     "or refused), by outcome (ok, stale, error)",
 )
-_batch_size = _meter.create_histogram(
+_append_latency = _APPEND_LATENCY.create(_meter)
+_BATCH_SIZE = HistogramSpec(
     "keel.ledger.batch_size",
+    unit="",
     description="appends committed together in one database transaction by the writer",
-    explicit_bucket_boundaries_advisory=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+    boundaries=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
+_batch_size = _BATCH_SIZE.create(_meter)
 _facts_appended = _meter.create_counter(
     "keel.ledger.facts_appended", description="facts committed (duplicates not counted)"
+)
+_stale_appends = _meter.create_counter(
+    "keel.ledger.stale_appends",
+    description="appends refused by the fence (STALE_EPOCH): a writer whose lease was "
+    "taken over, stopped before it wrote a conflicting fact",
 )
 
 
 def prime() -> None:
-    """Counters at 0 from the start (see kernel.metrics.prime)."""
+    """Counters at 0 from the start (see kernel.metrics.prime); histograms
+    served with a zero count until the first append
+    (services.common.metrics_at_start)."""
+    show_from_start(_METER, _APPEND_LATENCY, [{"outcome": "ok"}])
+    show_from_start(_METER, _BATCH_SIZE)
     _facts_appended.add(0)
+    _stale_appends.add(0)
+
+
+def stale_append_refused() -> None:
+    """The fence refused an append (services.ledger.servicer.note_refusal)."""
+    _stale_appends.add(1)
 
 
 def time_append(started: float) -> Callable[[asyncio.Future[Any]], None]:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 
 from keel.ledger.v1 import ledger_pb2 as pb
 from keel.ledger.v1 import ledger_pb2_grpc as pb_grpc
@@ -29,7 +29,7 @@ from services.ledger import facts as F
 from services.ledger.codec import fact_to_pb, read_response, view_to_pb
 from services.ledger.domain import Appended
 from services.ledger.errors import InvalidFact, SessionNotFound, StaleEpoch
-from services.ledger.metrics import time_append
+from services.ledger.metrics import stale_append_refused, time_append
 from services.ledger.store import LedgerStore
 from services.ledger.waker import SessionWaker
 
@@ -51,9 +51,6 @@ APPEND_SPAN = "/keel.ledger.v1.LedgerService/AppendStream/Append"
 # fenced-off writer (a runner resumed after its lease was taken over) is
 # seen here even when it gave up on its call before the answer came back.
 fence_log = logging.getLogger("keel.ledger.fence")
-_stale_appends = metrics.get_meter("keel.ledger").create_counter(
-    "keel.ledger.stale_appends", description="appends refused by the fence (STALE_EPOCH)"
-)
 
 
 def note_refusal(
@@ -68,7 +65,7 @@ def note_refusal(
             return
         error = outcome.exception()  # also marks it retrieved
         if isinstance(error, StaleEpoch):
-            _stale_appends.add(1)
+            stale_append_refused()
             fence_log.info(
                 "stale append refused: session=%s epoch=%d fence=%s kinds=%s",
                 session_id,

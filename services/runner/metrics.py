@@ -15,8 +15,10 @@ from contextlib import contextmanager
 from opentelemetry import metrics
 
 from agent_io.providers.base import Usage
+from services.common.metrics_at_start import HistogramSpec, show_from_start
 
-_meter = metrics.get_meter("keel.runner")
+_METER = "keel.runner"
+_meter = metrics.get_meter(_METER)
 _turns = _meter.create_counter(
     "keel.runner.turns", description="final answers committed (each answers owed inputs)"
 )
@@ -26,18 +28,20 @@ _attempts = _meter.create_counter(
     "expired under it), fenced (a newer epoch wrote), handoff (stopped at a boundary by a "
     "drain), stopped (cancelled by a shutdown), not_started",
 )
-_takeover_first_commit = _meter.create_histogram(
+_TAKEOVER_FIRST_COMMIT = HistogramSpec(
     "keel.runner.takeover_first_commit",
     unit="ms",
     description="a successor's part of a takeover: from receiving a reclaimed lease "
     "(its holder died) to its first commit, the epoch_started fact; the time before the "
     "claim is keel.kernel.takeover_latency",
 )
-_drain_duration = _meter.create_histogram(
+_takeover_first_commit = _TAKEOVER_FIRST_COMMIT.create(_meter)
+_DRAIN_DURATION = HistogramSpec(
     "keel.runner.drain_duration",
     unit="ms",
     description="a drain from its request to its end (attempts settled or stopped), by mode",
 )
+_drain_duration = _DRAIN_DURATION.create(_meter)
 _tool_latency = _meter.create_histogram(
     "keel.runner.tool_latency",
     unit="ms",
@@ -69,6 +73,7 @@ _claim_failures = _meter.create_counter(
 )
 
 BUILTIN_SOURCE = "builtin"
+DRAIN_MODES = ("handoff", "shutdown")
 CLAIM_FAILURES = ("unavailable", "refused", "error")
 
 
@@ -84,7 +89,10 @@ ATTEMPT_OUTCOMES = (
 
 
 def prime() -> None:
-    """Counters at 0 from the start (see kernel.metrics.prime)."""
+    """Counters at 0 from the start (see kernel.metrics.prime), and the
+    histograms of rare events served with a zero count until the first."""
+    show_from_start(_METER, _TAKEOVER_FIRST_COMMIT)
+    show_from_start(_METER, _DRAIN_DURATION, [{"mode": mode} for mode in DRAIN_MODES])
     _turns.add(0)
     for outcome in ATTEMPT_OUTCOMES:
         _attempts.add(0, {"outcome": outcome})
