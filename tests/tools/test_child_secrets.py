@@ -14,6 +14,8 @@ are: the launcher (agent_io/tools/child_launch.py), started by a process of
 another uid that holds a secret in its environment, runs the probe in user,
 mount and PID namespaces of its own. Where the kernel refuses user
 namespaces to a user that is not root, only root's path can be tested.
+The third shows that a runner makes itself undumpable at start, which is
+what still holds where the kernel gives it no namespaces.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from agent_io.tools import child_sandbox
 from services.cli.data_dir import TOKEN_FILE, data_dir_token
 from services.common.config import Settings
 from services.common.secrets import SecretPolicy
+from tests.processes import ROOT
 from tests.runner.cluster import Cluster, start_cluster, stop_cluster
 from tests.support import mcp_probe_server
 
@@ -242,3 +245,35 @@ def test_without_root_the_launcher_hides_the_data_dir_and_every_other_process(
     assert not environ["ok"], "the tool server read its starter's environment"
     assert not token["ok"], "the tool server read the data dir's internal token"
     assert secret not in environ.get("text", "") and "keel-up-token" not in token.get("text", "")
+
+
+# What a runner does at start, in a process of its own: is it dumpable after?
+UNDUMPABLE = """
+import ctypes
+from pathlib import Path
+from services.common.config import Settings
+from services.runner.server import protect_secrets_from_tools
+PR_GET_DUMPABLE = 3
+before = ctypes.CDLL(None).prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
+protect_secrets_from_tools(Settings(data_dir=Path("data")))
+print(before, ctypes.CDLL(None).prctl(PR_GET_DUMPABLE, 0, 0, 0, 0))
+"""
+
+
+def test_a_runner_is_not_dumpable_unless_the_sandbox_is_off(tmp_path: Path) -> None:
+    """Where namespaces are refused (a container's seccomp profile), this is
+    what keeps a server of the runner's uid out of /proc/<runner>/environ."""
+    seen: dict[str, list[str]] = {}
+    for mode in ("auto", "off"):
+        env = {**os.environ, "KEEL_TOOL_SANDBOX": mode, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(
+            [sys.executable, "-c", UNDUMPABLE],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S,
+            check=True,
+        )
+        seen[mode] = done.stdout.split()
+    assert seen == {"auto": ["1", "0"], "off": ["1", "1"]}
