@@ -4,6 +4,14 @@
 its effect happens once per idempotency key, while it records how many times
 it really ran, so tests can tell a repeated execution from a repeated effect.
 
+Its once-per-key state must live where every runner of the deployment sees
+it: a call redone by another runner (another pod, another data dir) must
+find the effect already applied. So the runner hands `builtin_tools` a
+`CounterEffects` store kept in the deployment's database (the runner's
+services.runner.tool_state: PostgreSQL, or under SQLite the file
+`CounterStore` keeps in the shared data dir). This package imports no
+service: the store comes in through the protocol.
+
 `BuiltinSource` serves the built-ins a loadout item enables as a ToolSource,
 so the registry treats them like any other source (their names unprefixed).
 """
@@ -18,11 +26,18 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agent_io.tools.base import ToolCall, ToolOutcome, ToolSpec
 
-__all__ = ["BUILTIN_NAMES", "BuiltinSource", "CounterStore", "Tool", "builtin_tools"]
+__all__ = [
+    "BUILTIN_NAMES",
+    "BuiltinSource",
+    "CounterEffects",
+    "CounterStore",
+    "Tool",
+    "builtin_tools",
+]
 
 BUILTIN_NAMES = ("clock", "sleep", "counter")
 MAX_SLEEP_S = 600.0
@@ -38,8 +53,27 @@ class Tool:
     run: ToolFunction
 
 
+class CounterEffects(Protocol):
+    """Where `counter` keeps its effect, once per idempotency key (blocking
+    calls: the tool runs them on a worker thread)."""
+
+    def apply(self, key: str, idem_key: str) -> int:
+        """Increments `key` unless `idem_key` was applied already; returns
+        the value the call with `idem_key` produced (the same when redone)."""
+        ...
+
+    def value(self, key: str) -> int:
+        """The counter's value (0: never incremented)."""
+        ...
+
+    def executions(self, key: str) -> int:
+        """How many times a call of `key` really ran (a redone call counts)."""
+        ...
+
+
 class CounterStore:
-    """The effect behind `counter`: a small SQLite file shared by all runners.
+    """The effect behind `counter` in a small SQLite file, shared by the
+    runners of one host (one data dir).
 
     `effects` counts each key once per idempotency key (the effect);
     `executions` counts every time the tool really ran (at-least-once shows).
@@ -122,7 +156,7 @@ async def _sleep(call: ToolCall) -> ToolOutcome:
     return ToolOutcome(f"slept {seconds} s")
 
 
-def builtin_tools(counter_store: CounterStore) -> dict[str, Tool]:
+def builtin_tools(counter_store: CounterEffects) -> dict[str, Tool]:
     async def counter(call: ToolCall) -> ToolOutcome:
         key = call.arguments.get("key", "default")
         if not isinstance(key, str) or not key:

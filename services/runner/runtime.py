@@ -25,7 +25,6 @@ import os
 import socket
 import time
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from agent_io.loadout import Loadout
@@ -35,7 +34,7 @@ from agent_io.providers import (
     ProviderError,
     provider_from_loadout,
 )
-from agent_io.tools import CounterStore, ToolCatalog, builtin_tools
+from agent_io.tools import ToolCatalog, builtin_tools
 from agent_io.tools.factory import SourceFactory, ToolDefaults
 from kernel import KernelClient, Lease
 from kernel.client import Claim
@@ -70,6 +69,7 @@ from services.runner.drain import (
 from services.runner.factcache import FactCache, SessionHistory
 from services.runner.hub import PartialHub
 from services.runner.outage import once_answered
+from services.runner.tool_state import counter_store
 
 log = logging.getLogger("keel.runner")
 
@@ -101,7 +101,9 @@ class Runtime:
         self._kernel_outage = OutageLog(log, "kernel", attempts="claims failed")
         self._providers: dict[str, Provider] = {}
         tools = SourceFactory(
-            builtin_tools(CounterStore(Path(settings.data_dir) / "counter.sqlite3")),
+            # The counter's effects are kept in the deployment's database:
+            # a call redone by another runner must find them (tool_state).
+            builtin_tools(counter_store(settings)),
             settings.secrets,
             os.environ,
             ToolDefaults(config.tool_timeout_s, config.tool_max_result_bytes, config.tool_tokens),

@@ -117,7 +117,7 @@ async def test_a_decision_runs_or_refuses_the_waiting_call(
     await require_approval(cluster.kernel)
     runner = cluster.start_runner()
     await cluster.runner_ready(runner)
-    counter = counter_store(cluster.settings.data_dir)
+    counter = counter_store(cluster.settings)
 
     session_id = await stack.new_session()
     key = f"{session_id}-k"
@@ -287,7 +287,7 @@ async def test_a_cancel_closes_a_waiting_call(stack: Stack) -> None:
     await holds_nothing(cluster.kernel, stack.ledger_id(session_id))
     session = (await stack.http.get(f"/v1/sessions/{session_id}")).json()
     assert session["status"] == "idle" and session["pendingApprovals"] == []
-    assert counter_store(cluster.settings.data_dir).executions("cancelled") == 0
+    assert counter_store(cluster.settings).executions("cancelled") == 0
 
 
 async def test_keel_chat_asks_and_decides(stack: Stack) -> None:
@@ -331,7 +331,7 @@ async def test_keel_chat_asks_and_decides(stack: Stack) -> None:
     output = child.output()
     assert code == 0, output
     assert output.count(first) == 1 and output.count(second) == 1, output
-    counter = counter_store(cluster.settings.data_dir)
+    counter = counter_store(cluster.settings)
     assert counter.executions("chat-a") == 0 and counter.value("chat-b") == 1
     decisions = kinds(await stack.facts(session_id), "approval")
     assert [(d.data["approve"], d.data.get("note")) for d in decisions] == [

@@ -63,7 +63,7 @@ async def ran_once(stack: Stack, session_id: str, seq: int, key: str) -> None:
     assert len(kinds(facts, "approval_requested")) == 1
     [result] = kinds(facts, "tool_result")
     assert not result.data["isError"], result.data
-    counter = counter_store(stack.cluster.settings.data_dir)
+    counter = counter_store(stack.cluster.settings)
     assert counter.value(key) == 1 and counter.executions(key) == 1
     seqs = [f.seq for f in facts]
     assert seqs == list(range(1, len(seqs) + 1))

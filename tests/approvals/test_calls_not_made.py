@@ -42,7 +42,7 @@ async def test_arguments_that_are_not_an_object_are_not_run(stack: Stack) -> Non
     assert result.data["content"] == (
         f"not run: the arguments of counter are not a JSON object: {raw!r}"
     )
-    assert counter_store(cluster.settings.data_dir).executions("malformed") == 0
+    assert counter_store(cluster.settings).executions("malformed") == 0
 
 
 async def test_the_calls_of_a_response_cut_at_the_output_limit_are_not_run(
@@ -87,6 +87,6 @@ async def test_the_calls_of_a_response_cut_at_the_output_limit_are_not_run(
     [result] = kinds(facts, "tool_result")
     assert result.data["toolCallId"] == "call-cut" and result.data["isError"]
     assert "cut off at the output limit" in result.data["content"]
-    assert counter_store(cluster.settings.data_dir).executions("cut") == 0
+    assert counter_store(cluster.settings).executions("cut") == 0
     epochs = [f.data["epoch"] for f in kinds(facts, "epoch_started")]
     assert epochs == [lease.epoch, lease.epoch + 1], "a real runner took over"

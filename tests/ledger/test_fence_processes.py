@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from agent_io.tools import CounterStore
 from kernel import KernelClient, KernelServer
 from services.common.config import Settings
 from services.ledger import LedgerClient, LedgerServer
+from services.runner.tool_state import counter_store
 from tests.conftest import settings_env
 from tests.processes import ChildProcess
 from tests.support.ports import free_port
@@ -108,7 +108,7 @@ async def test_a_stale_owner_is_refused_by_another_ledger_process(
         def refusals() -> list[Refusal]:
             return [r for child in ledgers for r in refusals_in(child.lines)]
 
-        counters = CounterStore(settings.data_dir / "counter.sqlite3")
+        counters = counter_store(settings)
         race = StaleRace(ledger, kernel, runners, trigger, refusals, counters)
         for number in range(ROUNDS):
             point = list(WRITES)[number % len(WRITES)]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent_io.tools import CounterStore
 from services.ledger.client import FactToAppend
+from services.runner.tool_state import counter_store
 from tests.runner.cluster import Cluster, eventually
 from tests.runner.invariants import assert_recovered
 
@@ -43,7 +43,7 @@ async def test_inputs_committed_while_an_answer_streams_are_each_acted_on(
     await cluster.kernel.enqueue("batch", "default", input_seq=seqs[-1])
     await cluster.settled("batch")
 
-    counters = CounterStore(cluster.settings.data_dir / "counter.sqlite3")
+    counters = counter_store(cluster.settings)
     assert counters.executions("batch-a") == 1
     assert counters.executions("batch-b") == 1
 

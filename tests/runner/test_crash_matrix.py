@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from agent_io.tools import CounterStore
 from services.common.config import Settings
 from services.ledger import CommittedFact
+from services.runner.tool_state import counter_store
 from tests.processes import ChildProcess
 from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
 from tests.runner.invariants import assert_recovered
@@ -199,7 +199,7 @@ async def test_successor_finishes_after_sigkill(cluster: Cluster, row: Row) -> N
     )
     assert consumed == seqs
     if row.inputs and row.inputs[-1] == TWO_COUNTERS:
-        counter = CounterStore(cluster.settings.data_dir / "counter.sqlite3")
+        counter = counter_store(cluster.settings)
         for key in (f"{session}-a", f"{session}-b"):
             assert counter.value(key) == 1, f"the effect of {key} was applied twice"
             assert counter.executions(key) >= 1

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from agent_io.tools import CounterStore
 from services.common.config import Settings
 from services.ledger import CommittedFact
+from services.runner.tool_state import counter_store
 from tests.processes import ChildProcess
 from tests.runner.cluster import eventually
 from tests.runner.invariants import assert_handed_over, assert_recovered, assert_stream_continuous
@@ -240,7 +240,7 @@ async def test_a_handoff_at_this_point_is_seamless_for_the_client(
     assert ("delta", old_epoch) not in late, f"a delta of epoch {old_epoch} after its successor"
 
     if case.script in ("tools", "approval"):
-        counters = CounterStore(cluster.settings.data_dir / "counter.sqlite3")
+        counters = counter_store(cluster.settings)
         keys = ("a", "b") if case.script == "tools" else ("a",)
         for key in (f"{session}-{k}" for k in keys):
             assert (counters.value(key), counters.executions(key)) == (1, 1), key

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_io.tools import CounterStore
 from services.common.config import Settings
+from services.runner.tool_state import counter_store
 from tests.runner.cluster import Cluster, start_cluster, stop_cluster
 from tests.support.stale_race import (
     CLAIM_WAIT_MS,
@@ -63,7 +63,7 @@ async def test_a_resumed_stale_owner_writes_and_the_ledger_refuses_it(
     env = {**trigger.env(), "KEEL_CLAIM_WAIT_MS": CLAIM_WAIT_MS}
     processes = [cluster.start_runner(**env) for _ in range(2)]
     runners = [RaceRunner(p, await runtime_id(p)) for p in processes]
-    counters = CounterStore(cluster.settings.data_dir / "counter.sqlite3")
+    counters = counter_store(cluster.settings)
     with ledger_refusals() as refusals:
         race = StaleRace(cluster.ledger, cluster.kernel, runners, trigger, refusals, counters)
         for number, point in enumerate(planned_points(SEED, ROUNDS)):

@@ -22,10 +22,11 @@ from typing import Any
 
 import pytest
 
-from agent_io.tools import CounterStore, idempotency_key
+from agent_io.tools import idempotency_key
 from services.common.config import Settings
 from services.common.secrets import SecretPolicy
 from services.ledger import CommittedFact
+from services.runner.tool_state import counter_store
 from tests.processes import ChildProcess
 from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
 from tests.runner.invariants import assert_recovered
@@ -129,7 +130,7 @@ async def test_two_sessions_with_the_same_call_id_each_apply_their_effect(
         {"key": "shared-x", "value": 1},
         {"key": "shared-x", "value": 2},
     )
-    counter = CounterStore(cluster.settings.data_dir / "counter.sqlite3")
+    counter = counter_store(cluster.settings)
     assert counter.value("shared-x") == 2 and counter.executions("shared-x") == 2
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
-from agent_io.tools import CounterStore
 from services.common.config import Settings
+from services.runner.tool_state import counter_store
 from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
 from tests.runner.invariants import assert_recovered
 
@@ -40,7 +40,7 @@ async def test_tool_calls_get_exactly_one_result_each(cluster: Cluster) -> None:
     assert final.kind == "assistant" and final.data["inputSeqs"] == [2]
     assert '"value": 1' in final.data["content"][0]["text"]
     assert_recovered(facts)
-    counter = CounterStore(cluster.settings.data_dir / "counter.sqlite3")
+    counter = counter_store(cluster.settings)
     assert counter.value("t1") == 1
 
 

@@ -13,10 +13,12 @@ from typing import Any, TypeVar
 
 import httpx
 
-from agent_io.tools import CounterStore
+from agent_io.tools.builtin import CounterEffects
 from kernel import KernelClient, KernelServer
 from kernel.store import now_ms
+from services.common.config import Settings
 from services.ledger import CommittedFact, LedgerClient
+from services.runner.tool_state import counter_store as deployment_counters
 from tests.runner.cluster import eventually
 
 T = TypeVar("T")
@@ -33,9 +35,12 @@ async def require_approval(kernel: KernelClient, tenant: str = "default") -> int
     return await kernel.put_loadout(tenant, APPROVAL_LOADOUT)
 
 
-def counter_store(data_dir: Path) -> CounterStore:
-    """The built-in counter's effects, as the runners of `data_dir` apply them."""
-    return CounterStore(data_dir / "counter.sqlite3")
+def counter_store(deployment: Settings | Path) -> CounterEffects:
+    """The built-in counter's effects, as the runners of a deployment apply
+    them: its settings, or the data dir of a `keel up` (SQLite)."""
+    if isinstance(deployment, Settings):
+        return deployment_counters(deployment)
+    return deployment_counters(Settings(data_dir=deployment))
 
 
 async def until_waiting(http: httpx.AsyncClient, session_id: str, count: int = 1) -> dict[str, Any]:

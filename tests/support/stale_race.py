@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent_io.tools import CounterStore
+from agent_io.tools.builtin import CounterEffects
 from kernel import KernelClient
 from services.ledger import LedgerClient
 from tests.processes import ChildProcess
@@ -163,7 +163,7 @@ class StaleRace:
     runners: list[RaceRunner]
     trigger: Trigger
     refusals: Callable[[], list[Refusal]]
-    counters: CounterStore
+    counters: CounterEffects
 
     async def round(self, session: str, point: str, deadline_s: float = 30.0) -> RaceOutcome:
         """One race: the owner stopped right before the write of `point`."""
