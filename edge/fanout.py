@@ -1,36 +1,31 @@
-"""Per session and per edge: one ledger subscription and one owner watch,
-shared by every SSE client of that session.
+"""Per session and per edge: one ledger subscription and one watch of the
+session's runner, shared by every client of that session.
 
 Without it each browser tab would hold its own ledger stream (every commit
 costing the ledger one read per client) and would ask the kernel for the
 owner and open its own runner stream at every new epoch. With it, a commit
 costs one read and one broadcast, whatever the number of clients.
 
-Facts: a client joins the live broadcast first, then reads its backlog from
-the ledger up to where the broadcast began, so there is neither a gap nor a
-repeat at the seam (facts at or below the client's cursor are skipped; a gap
-in the broadcast, which a slow consumer can cause, is filled from the ledger).
+Per session, three parts, each in its place:
 
-Partials (`Partial`, `StatusChange`) come from the runner of the attempt. An
-`epoch_started` fact names the attempt and its runtime, and the watch
-attaches to exactly that attempt. The kernel is asked only when a client
-joins mid-attempt, and only once the subscription has fixed the head it
-starts after: an owner looked up before a takeover whose `epoch_started` is
-at or below that head would be followed for good (no live fact would name
-the successor), and a frozen owner would keep its clients from every delta
-of the new epoch. The runner replays what the attempt streamed before the
-watch began - with an instant model that is all of it - and marks where the
-replay ends. Until then the facts after that `epoch_started` are held back
-(in order, at most HOLD_S and HOLD_FACTS), so a client sees an attempt's
-deltas before the answer they preview, as it would from a slower model. A
-newer attempt ends the watch of the older one at once.
+- `SessionFanout` (here) runs the two sources: the ledger subscription and
+  the watch of the attempt at work, each feeding the session's merge.
+- `SessionMerge` (edge/fanout_merge.py) puts them in the one order every
+  client sees: each delta before the facts committed after it, whatever the
+  timing of the two streams, and decides which attempt to watch.
+- Each client (edge/fanout_clients.py) gets what the merge emits from the
+  point it joined: `follow_frames` (here) sends its backlog from the ledger
+  first, then the broadcast, with no gap nor repeat at the seam (facts at or
+  below the client's cursor are skipped; a gap in the broadcast, which a
+  slow consumer can cause, is filled from the ledger), and skips partials a
+  client's own history makes stale (`Shown`: a client that joins
+  mid-attempt may read an answer in its backlog before the watch replays
+  that answer's deltas).
 
-Each client also drops deltas of a generation whose assistant fact it has
-been sent (a late delta would start a preview no fact ever ends), and deltas
-and statuses of an epoch older than the newest `epoch_started` it has been
-sent: an owner that was taken over (a frozen process resumed, a partitioned
-one) may still stream for a moment, and its backlog may show a client the
-takeover before the fan-out's own subscription does.
+The kernel is asked for the owner only once the subscription has fixed the
+head it starts after: an owner looked up before a takeover whose
+`epoch_started` is at or below that head would be followed for good (no live
+fact would name the successor).
 
 Each item is broadcast as one `Frame` (edge/frames.py) shared by every
 client, so it is encoded once per front door. A client whose backlog is out
@@ -40,8 +35,8 @@ once, in the broadcasting task, so a thousand such clients cost one wake-up
 per item, not a thousand. Anything else - a client still catching up, a gap
 to fill from the ledger, a connection whose send buffer is full (a slow
 client), a gRPC stream - goes through the client's bounded inbox and its
-own task, under the same rules as before: an inbox CLIENT_BUFFER behind
-drops the item, and a dropped fact is read back from the ledger.
+own task: an inbox CLIENT_BUFFER behind drops the item, and a dropped fact
+is read back from the ledger.
 """
 
 from __future__ import annotations
@@ -49,27 +44,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import TypeAlias, cast
 
 from edge import metrics as edge_metrics
-from edge.fanout_clients import Client, DirectSink, attempt_epoch
+from edge.fanout_clients import Client, DirectSink
+from edge.fanout_merge import Attempt, Merged, SessionMerge
 from edge.frames import Frame, WireCodec
 from services.common.errors import KeelError
 from services.ledger import CommittedFact, LedgerClient
 from services.runner.client import RunnerClient
-from services.runner.hub import Partial, ReplayEnd, StatusChange
+from services.runner.hub import Partial, StatusChange
 
 log = logging.getLogger("keel.edge.fanout")
-# An attempt's facts wait for the replay of its partials at most this long,
-# and at most this many (past either, they go out: facts are never late for
-# the sake of a preview by more than that).
-HOLD_S = 2.0
-HOLD_FACTS = 256
 _CLOSED = object()
-IDLE = StatusChange("idle", 0)
 
 
 class Drain:
@@ -83,43 +71,17 @@ OwnerLookup = Callable[[str], Awaitable[RunnerClient | None]]
 RunnerLookup = Callable[[str], Awaitable[RunnerClient | None]]
 
 
-@dataclass(frozen=True)
-class _Attempt:
-    """An attempt as its epoch_started fact names it."""
-
-    runtime_id: str
-    epoch: int
-    attempt_id: str
-
-    @classmethod
-    def of(cls, fact: CommittedFact) -> _Attempt:
-        data = fact.data
-        return cls(
-            runtime_id=str(data.get("runtimeId") or ""),
-            epoch=attempt_epoch(fact),
-            attempt_id=str(data.get("attemptId") or ""),
-        )
-
-
 class SessionFanout:
     def __init__(self, hub: FanoutHub, session_id: str) -> None:
         self._hub = hub
         self._session_id = session_id
         self._clients: set[Client] = set()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._owner_changed = asyncio.Event()
-        # The attempt named by the latest epoch_started not yet attached to
-        # (None: ask the kernel who owns the session).
-        self._next: _Attempt | None = None
-        # The epoch the current watch follows (from its first status), and
-        # the same once its replay is through.
-        self._watch_epoch = 0
-        self._live_epoch = 0
-        # Facts waiting for the replay of this epoch's partials (0: none).
-        self._holding = 0
-        self._held: deque[CommittedFact] = deque()
-        self._hold_timer: asyncio.TimerHandle | None = None
-        self.status: StatusChange = IDLE
+        self._merge = SessionMerge(self._broadcast, self._start_watch)
+        self._follow: asyncio.Task[None] | None = None
+        self._watching: asyncio.Task[None] | None = None
+        # Set once the ledger stream is over or the last client left: no
+        # watch starts any more.
+        self._closed = False
         # The seq the ledger subscription starts after: a client's backlog
         # must reach at least this far, or the facts between its own read of
         # the head and the subscription's would reach it only with a later
@@ -130,30 +92,39 @@ class SessionFanout:
     def clients(self) -> int:
         return len(self._clients)
 
+    @property
+    def status(self) -> StatusChange:
+        """Whoever works on the session now, as far as this edge knows."""
+        return self._merge.status
+
     def join(self, cursor: int, sink: DirectSink | None) -> Client:
         client = Client(cursor, sink)
         self._clients.add(client)
-        if not self._tasks:
-            self._owner_changed.set()
-            self._tasks = [
-                asyncio.create_task(self._follow_facts(), name=f"fanout-{self._session_id}"),
-                asyncio.create_task(self._follow_owner(), name=f"owner-{self._session_id}"),
-            ]
+        if self._follow is None:
+            self._follow = asyncio.create_task(
+                self._follow_facts(), name=f"fanout-{self._session_id}"
+            )
         return client
 
     def leave(self, client: Client) -> None:
         self._clients.discard(client)
         if not self._clients:
-            for task in self._tasks:
-                task.cancel()
-            self._tasks = []
+            self._stop_watching()
+            if self._follow is not None:
+                self._follow.cancel()
             self._hub.forget(self._session_id, self)
+
+    def _stop_watching(self) -> None:
+        self._closed = True
+        if self._watching is not None:
+            self._watching.cancel()
+            self._watching = None
 
     def broadcast_drain(self) -> None:
         for client in list(self._clients):
             client.put_never_dropped(DRAIN)
 
-    def _broadcast(self, item: object) -> None:
+    def _broadcast(self, item: Merged) -> None:
         # One frame for every client (encoded at most once per front door).
         # A full inbox drops it for that client only; for a fact it notices
         # the gap and reads it from the ledger.
@@ -167,130 +138,65 @@ class SessionFanout:
         for client in list(self._clients):
             client.put(_CLOSED)
 
-    # -- facts --
+    async def subscribed_after(self) -> int:
+        """The seq the live broadcast starts after (see __init__)."""
+        return await asyncio.shield(self._subscribed_after)
+
+    # -- the ledger's facts --
 
     async def _follow_facts(self) -> None:
         ledger = self._hub.ledger
         try:
             head = (await ledger.get_session(self._session_id)).head_seq
             self._subscribed_after.set_result(head)
+            # Every epoch_started at or below the head was committed after
+            # its claim: the kernel, asked from now on, names that attempt's
+            # owner or a newer one (whose fact comes live).
+            self._merge.watch_owner()
             async for fact in ledger.subscribe(self._session_id, head):
-                self._deliver(fact)
+                self._merge.fact(fact)
         except KeelError as error:
             log.info("fan-out of %s ended: %s", self._session_id, error)
         finally:
             if not self._subscribed_after.done():
                 self._subscribed_after.set_result(0)
-            self._stop_holding()
-            while self._held:
-                self._broadcast(self._held.popleft())
+            self._stop_watching()
+            self._merge.close()
             self._close_all()
             # A client that joins from now on gets a fan-out of its own: this
             # one follows nothing any more.
             self._hub.forget(self._session_id, self)
 
-    async def subscribed_after(self) -> int:
-        """The seq the live broadcast starts after (see __init__)."""
-        return await asyncio.shield(self._subscribed_after)
+    # -- the runner's partials --
 
-    def _deliver(self, fact: CommittedFact) -> None:
-        """Broadcasts a fact, or holds it (and every later one, keeping the
-        order) while an attempt's replay is due."""
-        if self._holding:
-            self._held.append(fact)
-            if len(self._held) >= HOLD_FACTS:
-                self._end_hold(self._holding)
+    def _start_watch(self, watch: int, attempt: Attempt | None) -> None:
+        """Watch number `watch` replaces the one running (the merge ignores
+        what an older one still relays)."""
+        if self._closed:
             return
-        self._broadcast(fact)
-        if fact.kind == "epoch_started":
-            self._attach(_Attempt.of(fact))
+        if self._watching is not None:
+            self._watching.cancel()
+        self._watching = asyncio.create_task(
+            self._watch(watch, attempt), name=f"watch-{self._session_id}"
+        )
 
-    def _attach(self, attempt: _Attempt) -> None:
-        if attempt.epoch and attempt.epoch == self._watch_epoch:
-            # The watch opened at join already follows this attempt: no second
-            # replay (it would send the client every delta twice).
-            if self._live_epoch != attempt.epoch:
-                self._hold(attempt.epoch)
-            return
-        self._next = attempt
-        self._owner_changed.set()
-        if attempt.runtime_id:
-            self._hold(attempt.epoch)
-
-    def _hold(self, epoch: int) -> None:
-        self._holding = epoch
-        self._hold_timer = asyncio.get_running_loop().call_later(HOLD_S, self._end_hold, epoch)
-
-    def _stop_holding(self) -> None:
-        self._holding = 0
-        if self._hold_timer is not None:
-            self._hold_timer.cancel()
-            self._hold_timer = None
-
-    def _end_hold(self, epoch: int) -> None:
-        """The attempt's replay is through (or will never come): the facts
-        held for it go out, up to the next epoch_started, which may hold the
-        rest for its own attempt."""
-        if not epoch or epoch != self._holding:
-            return
-        self._stop_holding()
-        while self._held and not self._holding:
-            self._deliver(self._held.popleft())
-
-    # -- partials --
-
-    async def _follow_owner(self) -> None:
-        # Every epoch_started at or below the subscription's head was
-        # committed after its claim: the kernel, asked from now on, names
-        # that attempt's owner or a newer one (whose fact comes live).
-        await self.subscribed_after()
-        while True:
-            await self._owner_changed.wait()
-            self._owner_changed.clear()
-            attempt, self._next = self._next, None
-            watching = asyncio.create_task(self._watch(attempt))
-            changed = asyncio.create_task(self._owner_changed.wait())
-            try:
-                # A newer attempt started: the one watched is over, and a
-                # stuck stream (a partitioned runner) must not keep the
-                # client from the new one.
-                await asyncio.wait({watching, changed}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in (watching, changed):
-                    task.cancel()
-                await asyncio.gather(watching, changed, return_exceptions=True)
-                watched, self._watch_epoch, self._live_epoch = self._watch_epoch, 0, 0
-                # Whatever the watch did not replay will not come from it.
-                self._end_hold(watched)
-                if attempt is not None:
-                    self._end_hold(attempt.epoch)
-            if not self._owner_changed.is_set() and self.status.state != "idle":
-                self.status = IDLE
-                self._broadcast(IDLE)
-
-    async def _watch(self, attempt: _Attempt | None) -> None:
-        """Relays one watch of the owner's partials until it ends or fails."""
+    async def _watch(self, watch: int, attempt: Attempt | None) -> None:
+        """Relays one watch of the attempt's (or the owner's) partials and
+        marks to the merge until it ends or fails."""
         epoch, attempt_id = (attempt.epoch, attempt.attempt_id) if attempt else (0, "")
         try:
             if attempt is not None and attempt.runtime_id:
                 runner = await self._hub.runner_of(attempt.runtime_id)
             else:
                 runner = await self._hub.owner_of(self._session_id)
-            if runner is None:
-                return
-            async for event in runner.watch(self._session_id, epoch, attempt_id):
-                if isinstance(event, ReplayEnd):
-                    self._live_epoch = self._watch_epoch
-                    self._end_hold(self._watch_epoch)
-                    continue
-                if isinstance(event, StatusChange):
-                    self._watch_epoch = self._watch_epoch or event.epoch
-                    self.status = event
-                self._broadcast(event)
+            if runner is not None:
+                async for event in runner.watch(self._session_id, epoch, attempt_id):
+                    self._merge.watch_event(watch, event)
         except KeelError as error:
             log.debug("watch of %s ended: %s", self._session_id, error)
         except Exception:  # a bug must not silently stop the session's partials
             log.exception("watch of %s failed", self._session_id)
+        self._merge.watch_ended(watch)
 
 
 class FanoutHub:

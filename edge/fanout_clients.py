@@ -124,10 +124,11 @@ class Shown:
     """What one client has been sent that later partials must agree with.
 
     The generations whose assistant fact it has (the latest few): a delta of
-    such a generation, late on the runner's stream or replayed to a client
-    that joined after the answer, would start a preview that no fact ever
-    ends. And the newest epoch whose epoch_started it has: a delta or status
-    of an older epoch comes from an owner that was taken over (the watch of
+    such a generation, replayed by a watch that began after the answer (the
+    client read it in its backlog; live deltas come before their answer, see
+    edge/fanout_merge.py), would start a preview that no fact ever ends. And
+    the newest epoch whose epoch_started it has: a delta or status of an
+    older epoch comes from an owner that was taken over (the watch of
     it ends, but what it relayed meanwhile is still queued), and would show a
     superseded attempt as running after its successor began.
     """

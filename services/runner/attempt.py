@@ -166,6 +166,8 @@ class Attempt:
     async def refresh(self) -> list[CommittedFact]:
         after = self.facts[-1].seq if self.facts else 0
         self.facts.extend(await self.services.ledger.read_all(self.session_id, after))
+        if self.facts:  # the edge lets facts out after the partials before them
+            self.services.hub.committed(self.session_id, self.epoch, self.facts[-1].seq)
         return self.facts
 
     def context(self) -> tuple[ContextEntry, ...]:
@@ -224,6 +226,7 @@ class Attempt:
         else:
             # A duplicate (the ledger's copy wins) or client facts in between.
             await self.refresh()
+        self.services.hub.committed(self.session_id, self.epoch, appended.seq)
         return appended.seq
 
     def status(self, state: str) -> None:

@@ -7,7 +7,7 @@ shape of a delta, a status or a drain mode is spelled in one place.
 from __future__ import annotations
 
 from keel.runner.v1 import runner_pb2 as pb
-from services.runner.hub import Partial, ReplayEnd, State, StatusChange, WatchEvent
+from services.runner.hub import Committed, Partial, ReplayEnd, State, StatusChange, WatchEvent
 
 _STATE_TO_PB: dict[State, pb.SessionState.ValueType] = {
     "idle": pb.SESSION_STATE_IDLE,
@@ -41,7 +41,12 @@ def watch_event_to_pb(event: WatchEvent) -> pb.WatchSessionResponse:
         return pb.WatchSessionResponse(
             status=pb.Status(state=_STATE_TO_PB[event.state], epoch=event.epoch)
         )
-    return pb.WatchSessionResponse(replay_end=pb.ReplayEnd(partials=event.partials))
+    if isinstance(event, Committed):
+        return pb.WatchSessionResponse(committed=pb.Committed(seq=event.seq))
+    replay_end = pb.ReplayEnd(partials=event.partials)
+    if event.committed is not None:
+        replay_end.committed_seq = event.committed
+    return pb.WatchSessionResponse(replay_end=replay_end)
 
 
 def watch_event_from_pb(message: pb.WatchSessionResponse) -> WatchEvent | None:
@@ -61,5 +66,10 @@ def watch_event_from_pb(message: pb.WatchSessionResponse) -> WatchEvent | None:
     if kind == "status":
         return StatusChange(_STATE_FROM_PB.get(message.status.state, "idle"), message.status.epoch)
     if kind == "replay_end":
-        return ReplayEnd(message.replay_end.partials)
+        end = message.replay_end
+        # Absent from an older runner, which sends no `Committed` marks.
+        committed = end.committed_seq if end.HasField("committed_seq") else None
+        return ReplayEnd(end.partials, committed)
+    if kind == "committed":
+        return Committed(message.committed.seq)
     return None

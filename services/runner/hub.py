@@ -21,6 +21,15 @@ gets every delta: such a watch replays the log and then ends.
 A watch's first event is always a status: the session's current one, or,
 for an ended attempt asked for by name, the state the attempt ended in (the
 replay shows the attempt as it ran; the end of the stream says it is over).
+
+The edge reads the attempt's facts from the ledger and its partials from
+here, on two streams: a burst of deltas followed at once by the answer's
+commit can reach the edge after the answer itself. So the attempt also marks
+its place in the log each time it commits or reads the session's facts
+(`committed`): a `Committed(seq)` mark follows every partial published
+before it, and `ReplayEnd` says how far the attempt had committed when the
+watch began. The edge lets a fact of the attempt out only once the mark that
+covers it has come, which puts every delta before the answer it previews.
 """
 
 from __future__ import annotations
@@ -73,14 +82,28 @@ class StatusChange:
 
 
 @dataclass(frozen=True)
+class Committed:
+    """The attempt has committed (or read) the session's facts up to `seq`:
+    every partial it published before then precedes this mark."""
+
+    seq: int
+
+
+@dataclass(frozen=True)
 class ReplayEnd:
-    """Marks where the replayed partials end and live events begin."""
+    """Marks where the replayed partials end and live events begin.
+
+    `committed`: the highest seq the attempt had committed (or read) when the
+    watch began, so every partial published before those facts was replayed
+    (marks themselves are not replayed). None from a runner that sends no
+    marks (an older one)."""
 
     partials: int
+    committed: int | None = 0
 
 
-HubEvent: TypeAlias = Partial | StatusChange
-WatchEvent: TypeAlias = Partial | StatusChange | ReplayEnd
+HubEvent: TypeAlias = Partial | StatusChange | Committed
+WatchEvent: TypeAlias = Partial | StatusChange | Committed | ReplayEnd
 
 
 class AttemptLog:
@@ -97,6 +120,8 @@ class AttemptLog:
         self.entries: deque[HubEvent] = deque()
         self.first = 0
         self.bytes = 0
+        # The highest seq marked (see `PartialHub.committed`).
+        self.committed = 0
         self.ended = False
         self.last_state: State = "running"
         self.expires_at = 0.0
@@ -116,6 +141,9 @@ class AttemptLog:
             if not self.attempt_id:
                 self.attempt_id = event.attempt_id
             self.bytes += len(event.text) + ITEM_OVERHEAD_BYTES
+        elif isinstance(event, Committed):
+            self.committed = event.seq
+            self.bytes += ITEM_OVERHEAD_BYTES
         else:
             self.last_state = event.state
             self.bytes += ITEM_OVERHEAD_BYTES
@@ -160,7 +188,7 @@ class PartialHub:
     def status(self, session_id: str) -> StatusChange | None:
         return self._status.get(session_id)
 
-    def publish(self, session_id: str, event: HubEvent) -> None:
+    def publish(self, session_id: str, event: Partial | StatusChange) -> None:
         epoch = event.epoch
         log = self._current.get(session_id)
         if log is None or log.epoch != epoch:
@@ -170,6 +198,15 @@ class PartialHub:
         if isinstance(event, StatusChange):
             self._status[session_id] = event
         log.append(event)
+
+    def committed(self, session_id: str, epoch: int, seq: int) -> None:
+        """The attempt of `epoch` has committed, or read, the session's facts
+        up to `seq`: marks the place in its log (see the module's doc). A
+        mark that says nothing new, or one for an attempt no longer current
+        here, is dropped."""
+        log = self._current.get(session_id)
+        if log is not None and log.epoch == epoch and seq > log.committed:
+            log.append(Committed(seq))
 
     def release(self, session_id: str) -> None:
         """This runner stopped owning the session: its watches end once they
@@ -197,7 +234,8 @@ class PartialHub:
         self, session_id: str, epoch: int = 0, attempt_id: str = ""
     ) -> AsyncGenerator[WatchEvent, None]:
         """A status first; then the partials the attempt has published so far
-        and `ReplayEnd`; then live events until the attempt ends.
+        and `ReplayEnd`; then live events (partials, statuses, `Committed`
+        marks) until the attempt ends.
 
         Without an attempt (epoch 0, no id) it is the session's current
         attempt. A named attempt that is no longer current is replayed from
@@ -209,7 +247,7 @@ class PartialHub:
         log, first = found
         # Fixed before the first yield (no await in between), so nothing
         # published meanwhile is both replayed and sent live, or neither.
-        position, replay_end = log.first, log.end
+        position, replay_end, committed = log.first, log.end, log.committed
         yield first
         replayed = 0
         while position < replay_end:
@@ -219,11 +257,11 @@ class PartialHub:
             event = log.entry(position)
             position += 1
             # Past status changes are history: the first event said where
-            # the session is now.
+            # the session is now; past marks are all in ReplayEnd's.
             if isinstance(event, Partial):
                 replayed += 1
                 yield event
-        yield ReplayEnd(replayed)
+        yield ReplayEnd(replayed, committed)
         while True:
             while position < log.end:
                 position = max(position, log.first)

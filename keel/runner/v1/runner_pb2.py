@@ -24,35 +24,37 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkeel/runner/v1/runner.proto\x12\x0ekeel.runner.v1\"L\n\x13WatchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x12\n\nattempt_id\x18\x03 \x01(\t\"\x89\x01\n\x05\x44\x65lta\x12\x15\n\rgeneration_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nattempt_id\x18\x05 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x06 \x01(\t\x12\x11\n\ttool_name\x18\x07 \x01(\t\"\x1d\n\tReplayEnd\x12\x10\n\x08partials\x18\x01 \x01(\x03\"D\n\x06Status\x12+\n\x05state\x18\x01 \x01(\x0e\x32\x1c.keel.runner.v1.SessionState\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"\xa2\x01\n\x14WatchSessionResponse\x12&\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x15.keel.runner.v1.DeltaH\x00\x12(\n\x06status\x18\x02 \x01(\x0b\x32\x16.keel.runner.v1.StatusH\x00\x12/\n\nreplay_end\x18\x03 \x01(\x0b\x32\x19.keel.runner.v1.ReplayEndH\x00\x42\x07\n\x05\x65vent\"`\n\x0c\x44rainRequest\x12\'\n\x04mode\x18\x01 \x01(\x0e\x32\x19.keel.runner.v1.DrainMode\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x02 \x01(\x03\x12\x12\n\nruntime_id\x18\x03 \x01(\t\"_\n\rDrainResponse\x12\x16\n\x0ein_flight_runs\x18\x01 \x01(\x05\x12\x14\n\x0cstopped_runs\x18\x02 \x01(\x05\x12\x0e\n\x06undone\x18\x03 \x01(\x08\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"\x0f\n\rStatusRequest\"\x92\x01\n\x0eStatusResponse\x12\x12\n\nruntime_id\x18\x01 \x01(\t\x12-\n\ndrain_mode\x18\x02 \x01(\x0e\x32\x19.keel.runner.v1.DrainMode\x12\x10\n\x08\x63laiming\x18\x03 \x01(\x08\x12\x16\n\x0ein_flight_runs\x18\x04 \x01(\x05\x12\x13\n\x0bsession_ids\x18\x05 \x03(\t*m\n\tDrainMode\x12\x1a\n\x16\x44RAIN_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44RAIN_MODE_NONE\x10\x01\x12\x16\n\x12\x44RAIN_MODE_HANDOFF\x10\x02\x12\x17\n\x13\x44RAIN_MODE_SHUTDOWN\x10\x03*~\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12SESSION_STATE_IDLE\x10\x01\x12\x19\n\x15SESSION_STATE_RUNNING\x10\x02\x12\x1c\n\x18SESSION_STATE_COMPACTING\x10\x03\x32\xfb\x01\n\rRunnerService\x12[\n\x0cWatchSession\x12#.keel.runner.v1.WatchSessionRequest\x1a$.keel.runner.v1.WatchSessionResponse0\x01\x12\x44\n\x05\x44rain\x12\x1c.keel.runner.v1.DrainRequest\x1a\x1d.keel.runner.v1.DrainResponse\x12G\n\x06Status\x12\x1d.keel.runner.v1.StatusRequest\x1a\x1e.keel.runner.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkeel/runner/v1/runner.proto\x12\x0ekeel.runner.v1\"L\n\x13WatchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x12\n\nattempt_id\x18\x03 \x01(\t\"\x89\x01\n\x05\x44\x65lta\x12\x15\n\rgeneration_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nattempt_id\x18\x05 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x06 \x01(\t\x12\x11\n\ttool_name\x18\x07 \x01(\t\"K\n\tReplayEnd\x12\x10\n\x08partials\x18\x01 \x01(\x03\x12\x1a\n\rcommitted_seq\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x10\n\x0e_committed_seq\"\x18\n\tCommitted\x12\x0b\n\x03seq\x18\x01 \x01(\x03\"D\n\x06Status\x12+\n\x05state\x18\x01 \x01(\x0e\x32\x1c.keel.runner.v1.SessionState\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"\xd2\x01\n\x14WatchSessionResponse\x12&\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x15.keel.runner.v1.DeltaH\x00\x12(\n\x06status\x18\x02 \x01(\x0b\x32\x16.keel.runner.v1.StatusH\x00\x12/\n\nreplay_end\x18\x03 \x01(\x0b\x32\x19.keel.runner.v1.ReplayEndH\x00\x12.\n\tcommitted\x18\x04 \x01(\x0b\x32\x19.keel.runner.v1.CommittedH\x00\x42\x07\n\x05\x65vent\"`\n\x0c\x44rainRequest\x12\'\n\x04mode\x18\x01 \x01(\x0e\x32\x19.keel.runner.v1.DrainMode\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x02 \x01(\x03\x12\x12\n\nruntime_id\x18\x03 \x01(\t\"_\n\rDrainResponse\x12\x16\n\x0ein_flight_runs\x18\x01 \x01(\x05\x12\x14\n\x0cstopped_runs\x18\x02 \x01(\x05\x12\x0e\n\x06undone\x18\x03 \x01(\x08\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"\x0f\n\rStatusRequest\"\x92\x01\n\x0eStatusResponse\x12\x12\n\nruntime_id\x18\x01 \x01(\t\x12-\n\ndrain_mode\x18\x02 \x01(\x0e\x32\x19.keel.runner.v1.DrainMode\x12\x10\n\x08\x63laiming\x18\x03 \x01(\x08\x12\x16\n\x0ein_flight_runs\x18\x04 \x01(\x05\x12\x13\n\x0bsession_ids\x18\x05 \x03(\t*m\n\tDrainMode\x12\x1a\n\x16\x44RAIN_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44RAIN_MODE_NONE\x10\x01\x12\x16\n\x12\x44RAIN_MODE_HANDOFF\x10\x02\x12\x17\n\x13\x44RAIN_MODE_SHUTDOWN\x10\x03*~\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12SESSION_STATE_IDLE\x10\x01\x12\x19\n\x15SESSION_STATE_RUNNING\x10\x02\x12\x1c\n\x18SESSION_STATE_COMPACTING\x10\x03\x32\xfb\x01\n\rRunnerService\x12[\n\x0cWatchSession\x12#.keel.runner.v1.WatchSessionRequest\x1a$.keel.runner.v1.WatchSessionResponse0\x01\x12\x44\n\x05\x44rain\x12\x1c.keel.runner.v1.DrainRequest\x1a\x1d.keel.runner.v1.DrainResponse\x12G\n\x06Status\x12\x1d.keel.runner.v1.StatusRequest\x1a\x1e.keel.runner.v1.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'keel.runner.v1.runner_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DRAINMODE']._serialized_start=892
-  _globals['_DRAINMODE']._serialized_end=1001
-  _globals['_SESSIONSTATE']._serialized_start=1003
-  _globals['_SESSIONSTATE']._serialized_end=1129
+  _globals['_DRAINMODE']._serialized_start=1012
+  _globals['_DRAINMODE']._serialized_end=1121
+  _globals['_SESSIONSTATE']._serialized_start=1123
+  _globals['_SESSIONSTATE']._serialized_end=1249
   _globals['_WATCHSESSIONREQUEST']._serialized_start=47
   _globals['_WATCHSESSIONREQUEST']._serialized_end=123
   _globals['_DELTA']._serialized_start=126
   _globals['_DELTA']._serialized_end=263
   _globals['_REPLAYEND']._serialized_start=265
-  _globals['_REPLAYEND']._serialized_end=294
-  _globals['_STATUS']._serialized_start=296
-  _globals['_STATUS']._serialized_end=364
-  _globals['_WATCHSESSIONRESPONSE']._serialized_start=367
-  _globals['_WATCHSESSIONRESPONSE']._serialized_end=529
-  _globals['_DRAINREQUEST']._serialized_start=531
-  _globals['_DRAINREQUEST']._serialized_end=627
-  _globals['_DRAINRESPONSE']._serialized_start=629
-  _globals['_DRAINRESPONSE']._serialized_end=724
-  _globals['_STATUSREQUEST']._serialized_start=726
-  _globals['_STATUSREQUEST']._serialized_end=741
-  _globals['_STATUSRESPONSE']._serialized_start=744
-  _globals['_STATUSRESPONSE']._serialized_end=890
-  _globals['_RUNNERSERVICE']._serialized_start=1132
-  _globals['_RUNNERSERVICE']._serialized_end=1383
+  _globals['_REPLAYEND']._serialized_end=340
+  _globals['_COMMITTED']._serialized_start=342
+  _globals['_COMMITTED']._serialized_end=366
+  _globals['_STATUS']._serialized_start=368
+  _globals['_STATUS']._serialized_end=436
+  _globals['_WATCHSESSIONRESPONSE']._serialized_start=439
+  _globals['_WATCHSESSIONRESPONSE']._serialized_end=649
+  _globals['_DRAINREQUEST']._serialized_start=651
+  _globals['_DRAINREQUEST']._serialized_end=747
+  _globals['_DRAINRESPONSE']._serialized_start=749
+  _globals['_DRAINRESPONSE']._serialized_end=844
+  _globals['_STATUSREQUEST']._serialized_start=846
+  _globals['_STATUSREQUEST']._serialized_end=861
+  _globals['_STATUSRESPONSE']._serialized_start=864
+  _globals['_STATUSRESPONSE']._serialized_end=1010
+  _globals['_RUNNERSERVICE']._serialized_start=1252
+  _globals['_RUNNERSERVICE']._serialized_end=1503
 # @@protoc_insertion_point(module_scope)

@@ -139,19 +139,53 @@ class ReplayEnd(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PARTIALS_FIELD_NUMBER: _builtins.int
+    COMMITTED_SEQ_FIELD_NUMBER: _builtins.int
     partials: _builtins.int
+    committed_seq: _builtins.int
+    """The highest seq the attempt had committed (or read) when the watch
+    began: every partial it published before that fact was in the replay.
+    Always set by a runner that sends `Committed` (0: nothing yet); absent
+    from an older runner, whose facts nothing on its stream follows.
+    """
     def __init__(
         self,
         *,
         partials: _builtins.int = ...,
+        committed_seq: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_committed_seq", b"_committed_seq", "committed_seq", b"committed_seq"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_committed_seq", b"_committed_seq", "committed_seq", b"committed_seq", "partials", b"partials"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__committed_seq: _TypeAlias = _typing.Literal["committed_seq"]  # noqa: Y015
+    _WhichOneofArgType__committed_seq: _TypeAlias = _typing.Literal["_committed_seq", b"_committed_seq"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__committed_seq) -> _WhichOneofReturnType__committed_seq | None: ...
+
+Global___ReplayEnd: _TypeAlias = ReplayEnd  # noqa: Y015
+
+@_typing.final
+class Committed(_message.Message):
+    """Live: the attempt has committed (or read) the session's facts up to `seq`.
+    Every partial it published before then was sent before this message, so
+    a fact up to `seq` may go out after the deltas that preview it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partials", b"partials"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ReplayEnd: _TypeAlias = ReplayEnd  # noqa: Y015
+Global___Committed: _TypeAlias = Committed  # noqa: Y015
 
 @_typing.final
 class Status(_message.Message):
@@ -182,24 +216,28 @@ class WatchSessionResponse(_message.Message):
     DELTA_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     REPLAY_END_FIELD_NUMBER: _builtins.int
+    COMMITTED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def delta(self) -> Global___Delta: ...
     @_builtins.property
     def status(self) -> Global___Status: ...
     @_builtins.property
     def replay_end(self) -> Global___ReplayEnd: ...
+    @_builtins.property
+    def committed(self) -> Global___Committed: ...
     def __init__(
         self,
         *,
         delta: Global___Delta | None = ...,
         status: Global___Status | None = ...,
         replay_end: Global___ReplayEnd | None = ...,
+        committed: Global___Committed | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event", "replay_end", b"replay_end", "status", b"status"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "delta", b"delta", "event", b"event", "replay_end", b"replay_end", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event", "replay_end", b"replay_end", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "delta", b"delta", "event", b"event", "replay_end", b"replay_end", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["delta", "status", "replay_end"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["delta", "status", "replay_end", "committed"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 

@@ -60,8 +60,8 @@ class RunnerServiceServicer:
 
     def WatchSession(self, request, context):
         """Status, then the partials of the session's current (or named) attempt
-        published so far, then live ones. Ends when the attempt ends here or the
-        runner drains.
+        published so far, then live ones, with a `Committed` mark after each fact
+        the attempt commits. Ends when the attempt ends here or the runner drains.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

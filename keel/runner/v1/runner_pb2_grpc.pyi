@@ -37,8 +37,8 @@ class RunnerServiceStub:
     def __new__(cls, channel: _aio.Channel) -> RunnerServiceAsyncStub: ...
     WatchSession: _grpc.UnaryStreamMultiCallable[_runner_pb2.WatchSessionRequest, _runner_pb2.WatchSessionResponse]
     """Status, then the partials of the session's current (or named) attempt
-    published so far, then live ones. Ends when the attempt ends here or the
-    runner drains.
+    published so far, then live ones, with a `Committed` mark after each fact
+    the attempt commits. Ends when the attempt ends here or the runner drains.
     """
     Drain: _grpc.UnaryUnaryMultiCallable[_runner_pb2.DrainRequest, _runner_pb2.DrainResponse]
     Status: _grpc.UnaryUnaryMultiCallable[_runner_pb2.StatusRequest, _runner_pb2.StatusResponse]
@@ -52,8 +52,8 @@ class RunnerServiceAsyncStub(RunnerServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     WatchSession: _aio.UnaryStreamMultiCallable[_runner_pb2.WatchSessionRequest, _runner_pb2.WatchSessionResponse]  # type: ignore[assignment]
     """Status, then the partials of the session's current (or named) attempt
-    published so far, then live ones. Ends when the attempt ends here or the
-    runner drains.
+    published so far, then live ones, with a `Committed` mark after each fact
+    the attempt commits. Ends when the attempt ends here or the runner drains.
     """
     Drain: _aio.UnaryUnaryMultiCallable[_runner_pb2.DrainRequest, _runner_pb2.DrainResponse]  # type: ignore[assignment]
     Status: _aio.UnaryUnaryMultiCallable[_runner_pb2.StatusRequest, _runner_pb2.StatusResponse]  # type: ignore[assignment]
@@ -70,8 +70,8 @@ class RunnerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_runner_pb2.WatchSessionResponse], _abc.AsyncIterator[_runner_pb2.WatchSessionResponse]]:
         """Status, then the partials of the session's current (or named) attempt
-        published so far, then live ones. Ends when the attempt ends here or the
-        runner drains.
+        published so far, then live ones, with a `Committed` mark after each fact
+        the attempt commits. Ends when the attempt ends here or the runner drains.
         """
 
     @_abc_1.abstractmethod
