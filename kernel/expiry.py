@@ -186,7 +186,7 @@ async def _periodically(interval_s: float, chore: Callable[[], int], what: str, 
     kernel's housekeeping must outlive an outage. `done` is logged, with the
     chore's count, when it did something.
     """
-    outage = OutageLog(log, "kernel database", attempts=f"{what}s failed")
+    outage = OutageLog(log, "kernel database", attempts=f"attempts of {what} failed")
     while True:
         await asyncio.sleep(interval_s)
         try:
