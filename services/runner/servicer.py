@@ -2,8 +2,9 @@
 
 `WatchSession` names an attempt when the edge knows it (from the attempt's
 epoch_started fact): the hub then replays that attempt even if it has just
-ended here, and marks where the replay ends (the edge holds the attempt's
-facts until then, so an answer never overtakes its own preview).
+ended here, marks where the replay ends, and marks each fact the attempt
+commits after the partials before it (the edge holds the attempt's facts
+until their mark, so an answer never overtakes its own preview).
 """
 
 from __future__ import annotations
