@@ -651,7 +651,10 @@ _PATHS: dict[str, Schema] = {
             ],
             "responses": {
                 "200": {
-                    "description": "SSE: `fact` kinds, `delta`, `status`, `drain`; or a page",
+                    "description": (
+                        "SSE: `fact` kinds, `delta`, `status`, `drain`, and a last "
+                        "`revoked` when its key is revoked; or a page"
+                    ),
                     "content": {
                         "text/event-stream": {"schema": {"type": "string"}},
                         "application/json": {"schema": _ref("FactPage")},
