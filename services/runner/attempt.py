@@ -486,13 +486,16 @@ class Attempt:
             )
 
 
+# The kernel (or its database) away is said once per process, not once per
+# lease and renewal (services.common.outage_log).
+RENEWALS = OutageLog(log, "kernel", attempts="lease renewals failed")
+
+
 async def renew_until_lost(
     kernel: KernelClient, lease: Lease, runtime_id: str, lease_ms: int, on_lost: Callable[[], None]
 ) -> None:
     """Renews on its own task so model or tool work can never starve it."""
     interval = max(lease_ms / 3000.0, 0.05)
-    # The kernel (or its database) away is said once, not every renewal.
-    outage = OutageLog(log, f"kernel (lease of {lease.session_id})", attempts="renewals failed")
     while True:
         await asyncio.sleep(interval)
         try:
@@ -502,12 +505,12 @@ async def renew_until_lost(
             on_lost()
             return
         except ServiceUnavailable as error:  # the kernel is briefly away: try again
-            outage.failed(error)
+            RENEWALS.failed(error)
             continue
         except Exception:
             log.exception("lease renewal failed; retrying")
             continue
-        outage.succeeded()
+        RENEWALS.succeeded()
 
 
 AttemptFactory = Callable[[Lease], Awaitable[Attempt]]

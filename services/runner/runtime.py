@@ -294,6 +294,16 @@ class Runtime:
             await self._attempt(claim, granted_ns)
         except asyncio.CancelledError:
             raise
+        except ServiceUnavailable as error:
+            # Keel itself is away (services.runner.outage): nothing of the
+            # session failed, so no failure is counted and no traceback said;
+            # the lease goes back as soon as the kernel answers.
+            runner_metrics.attempt_ended("unavailable")
+            log.warning("attempt on %s could not start: %s", lease.session_id, error)
+            await once_answered(
+                lambda: self.kernel.release(lease.session_id, lease.epoch, self.runtime_id),
+                self.settings.lease_ms / 1000,
+            )
         except Exception as error:
             # Could not even start (the loadout is unreadable, its model
             # misconfigured or refused by the operator's policy): settle as a
@@ -550,9 +560,16 @@ async def drive(attempt: Attempt) -> None:
         watch = asyncio.create_task(_cancel_arrives(attempt, seen_cancel))
         try:
             done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if watch in done and watch.exception() is not None:
-                # No way to hear of cancels now: let the turns finish.
-                log.warning("cancel watch of %s failed: %s", attempt.session_id, watch.exception())
+            if watch in done and (failure := watch.exception()) is not None:
+                # No way to hear of cancels now: let the turns finish. An
+                # outage is said by the attempt it stops (and once per outage).
+                away = isinstance(failure, ServiceUnavailable)
+                log.log(
+                    logging.INFO if away else logging.WARNING,
+                    "cancel watch of %s failed: %s",
+                    attempt.session_id,
+                    failure,
+                )
                 await asyncio.wait({work})
             if work in done or work.done():
                 work.result()
