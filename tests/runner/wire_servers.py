@@ -11,15 +11,15 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
-from tests.support.loopback_http import LoopbackHttp
+from tests.support.loopback_http import LoopbackApp, LoopbackHttp
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Received:
 
 
 @dataclass
-class WireServer:
+class WireServer(LoopbackApp):
     """Serves `path` on 127.0.0.1 until the context exits: on `port`, or a
     free port when it is 0 (a port fixed up front lets a test allow the
     server's origin before the server runs)."""
@@ -96,17 +96,5 @@ class WireServer:
 
         return StreamingResponse(frames(), media_type="text/event-stream")
 
-    async def __aenter__(self) -> WireServer:
-        app = Starlette(routes=[Route(self.path, self._handle, methods=["POST"])])
-        self._http = LoopbackHttp(app, self.port)
-        self.port = await self._http.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        assert self._http is not None
-        await self._http.stop()
+    def app(self) -> ASGIApp:
+        return Starlette(routes=[Route(self.path, self._handle, methods=["POST"])])

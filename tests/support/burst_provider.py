@@ -17,16 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from tests.runner.wire_servers import data_frame, event_frame
-from tests.support.loopback_http import LoopbackHttp
+from tests.support.loopback_http import LoopbackApp, LoopbackHttp
 
 OPENAI_PATH = "/v1/chat/completions"
 ANTHROPIC_PATH = "/v1/messages"
@@ -124,7 +124,7 @@ def anthropic_tool_call(call_id: str, name: str, fragments: Sequence[str]) -> li
 
 
 @dataclass
-class BurstProvider:
+class BurstProvider(LoopbackApp):
     """Serves both wires on 127.0.0.1 (on `port`, or a free one when it is
     0) until the context exits. Each request takes the next queued answer;
     with none queued it gets a 500 (a test that forgot one fails loudly)."""
@@ -150,20 +150,9 @@ class BurstProvider:
         burst = "".join(self.answers.pop(0)).encode()
         return Response(burst, media_type="text/event-stream")
 
-    async def __aenter__(self) -> BurstProvider:
+    def app(self) -> ASGIApp:
         routes = [
             Route(OPENAI_PATH, self._handle, methods=["POST"]),
             Route(ANTHROPIC_PATH, self._handle, methods=["POST"]),
         ]
-        self._http = LoopbackHttp(Starlette(routes=routes), self.port)
-        self.port = await self._http.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        assert self._http is not None
-        await self._http.stop()
+        return Starlette(routes=routes)

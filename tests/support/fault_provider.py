@@ -13,15 +13,15 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
-from tests.support.loopback_http import LoopbackHttp
+from tests.support.loopback_http import LoopbackApp, LoopbackHttp
 
 ANSWER = "answered after the faults"
 
@@ -63,7 +63,7 @@ def _answer_frames() -> list[bytes]:
 
 
 @dataclass
-class FaultyProvider:
+class FaultyProvider(LoopbackApp):
     """Serves `path` on 127.0.0.1 (on `port`, or a free one when it is 0)
     until the context exits."""
 
@@ -94,17 +94,5 @@ class FaultyProvider:
 
         return StreamingResponse(frames(), media_type="text/event-stream")
 
-    async def __aenter__(self) -> FaultyProvider:
-        app = Starlette(routes=[Route(self.path, self._handle, methods=["POST"])])
-        self._http = LoopbackHttp(app, self.port)
-        self.port = await self._http.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        assert self._http is not None
-        await self._http.stop()
+    def app(self) -> ASGIApp:
+        return Starlette(routes=[Route(self.path, self._handle, methods=["POST"])])

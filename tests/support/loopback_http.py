@@ -5,6 +5,8 @@ known, then stopped, the same way for every such server."""
 from __future__ import annotations
 
 import asyncio
+from types import TracebackType
+from typing import Self
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -46,3 +48,29 @@ class LoopbackHttp:
         assert self._task is not None
         self._server.should_exit = True
         await self._task
+
+
+class LoopbackApp:
+    """A test server of its own app (a fake provider, a listener): `async
+    with` serves `app()` on 127.0.0.1 at `self.port` (a free one when it is
+    0, then the bound one) and stops it on exit."""
+
+    port: int = 0
+    _http: LoopbackHttp | None = None
+
+    def app(self) -> ASGIApp:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        self._http = LoopbackHttp(self.app(), self.port)
+        self.port = await self._http.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._http is not None
+        await self._http.stop()

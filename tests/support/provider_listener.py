@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from types import TracebackType
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from tests.runner.wire_servers import data_frame
-from tests.support.loopback_http import LoopbackHttp
+from tests.support.loopback_http import LoopbackApp, LoopbackHttp
 
 ANSWER = "granted answer"
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -57,7 +57,7 @@ def _answer_frames() -> list[str]:
 
 
 @dataclass
-class ProviderListener:
+class ProviderListener(LoopbackApp):
     """Serves on 127.0.0.1 (a free port) until the context exits."""
 
     seen: list[Seen] = field(default_factory=list)
@@ -89,17 +89,5 @@ class ProviderListener:
 
         return StreamingResponse(frames(), media_type="text/event-stream")
 
-    async def __aenter__(self) -> ProviderListener:
-        app = Starlette(routes=[Route("/{path:path}", self._handle, methods=_METHODS)])
-        self._http = LoopbackHttp(app)
-        self.port = await self._http.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        assert self._http is not None
-        await self._http.stop()
+    def app(self) -> ASGIApp:
+        return Starlette(routes=[Route("/{path:path}", self._handle, methods=_METHODS)])

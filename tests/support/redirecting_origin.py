@@ -9,20 +9,20 @@ that the call reached it before it was refused.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import TracebackType
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
-from tests.support.loopback_http import LoopbackHttp
+from tests.support.loopback_http import LoopbackApp, LoopbackHttp
 
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
 @dataclass
-class RedirectingOrigin:
+class RedirectingOrigin(LoopbackApp):
     """Serves on 127.0.0.1 (a free port) until the context exits, answering
     `status` with `Location: <target><path>`."""
 
@@ -42,17 +42,5 @@ class RedirectingOrigin:
         location = f"{self.target}{request.url.path}"
         return Response(status_code=self.status, headers={"Location": location})
 
-    async def __aenter__(self) -> RedirectingOrigin:
-        app = Starlette(routes=[Route("/{path:path}", self._handle, methods=_METHODS)])
-        self._http = LoopbackHttp(app)
-        self.port = await self._http.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        assert self._http is not None
-        await self._http.stop()
+    def app(self) -> ASGIApp:
+        return Starlette(routes=[Route("/{path:path}", self._handle, methods=_METHODS)])
