@@ -1,7 +1,8 @@
 """Starts one MCP stdio server inside the sandbox the runner chose for it.
 
     python -I -S child_launch.py --parent PID [--uid U --gid G] [--userns]
-        [--mask PATH]... [--cwd DIR] [--env NAME]... -- EXECUTABLE ARG...
+        [--require-namespaces] [--mask PATH]... [--cwd DIR] [--env NAME]...
+        -- EXECUTABLE ARG...
 
 Run by the runner's own interpreter with nothing but the standard library
 (`-I -S`: no site-packages, no PYTHON* variables), between the runner and the
@@ -11,7 +12,8 @@ environment, so no secret is ever on a command line.
 
 What it does, each step only where the kernel allows it (tried first in a
 throwaway child; a step it cannot take is said in one line on stderr, which
-the runner logs, and the server starts without it):
+the runner logs, and the server starts without it, except the namespaces
+under `--require-namespaces`: without them the server does not start):
 
 1. dies with the runner (parent-death signal; `--parent` closes the race
    with a runner that died before that);
@@ -68,6 +70,7 @@ class Options:
         self.uid: int | None = None
         self.gid: int | None = None
         self.userns = False
+        self.require_namespaces = False
         self.masks: list[str] = []
         self.cwd = ""
         self.env: list[str] = []
@@ -84,6 +87,9 @@ def parse(argv: list[str]) -> Options:
             break
         if word == "--userns":
             options.userns = True
+            continue
+        if word == "--require-namespaces":
+            options.require_namespaces = True
             continue
         if not rest:
             raise SystemExit(f"keel-sandbox: {word} needs a value")
@@ -252,6 +258,11 @@ def main(argv: list[str]) -> int:
     notes: list[str] = []
     lifeline = -1
     refused = _namespaces_refused(options)
+    if refused is not None and options.require_namespaces:
+        # Without them a server of the runner's own uid would see the data
+        # dir and every process: refuse rather than start it so.
+        print(f"keel-sandbox: no namespaces ({refused}): not started", file=sys.stderr)
+        return _NOT_STARTED
     if refused is not None:
         seen = "this host's processes"
         if options.uid is None and options.masks:

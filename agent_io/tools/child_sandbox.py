@@ -19,6 +19,14 @@ SQLite files) and every other process of that uid. So:
   with a private HOME and working directory of that uid; the data dir (0700)
   and the runner's processes are then closed to them by the kernel's own
   permission checks, whether or not namespaces are available.
+- A server that uid cannot execute (a root runner's tools installed under
+  /root, closed to other uids: its command or the interpreter its `#!`
+  names) runs as root instead, but with no capability at all, in its own
+  mount and PID namespaces (required: without them it does not start) and
+  with no_new_privs; the runner logs that once per command. Such a server
+  still reads neither the runner's environment (undumpable, not in its
+  /proc) nor the data dir (covered), but may read what root owns elsewhere:
+  install servers where `KEEL_TOOL_UID` can run them to keep them out.
 - A runner that may not change uid uses an unprivileged user namespace to
   make the mount and PID namespaces, where the kernel allows it (a container
   under a default seccomp profile does not; the launcher then says so on
@@ -34,6 +42,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import logging
 import os
 import shutil
 import stat
@@ -58,6 +67,7 @@ GID_VARIABLE = "KEEL_TOOL_GID"
 NOBODY = 65534
 LAUNCHER = Path(__file__).with_name("child_launch.py")
 _PR_SET_DUMPABLE = 4
+_log = logging.getLogger("keel.tools")
 _CAP_SETGID = 6
 _CAP_SETUID = 7
 _CAP_SYS_ADMIN = 21
@@ -77,6 +87,8 @@ class SandboxPolicy:
     gid: int | None = None
     # New namespaces need a user namespace (no CAP_SYS_ADMIN here).
     userns: bool = False
+    # This process may make mount and PID namespaces itself (CAP_SYS_ADMIN).
+    may_mount: bool = False
     # Paths covered inside the server's mount namespace.
     masks: tuple[str, ...] = ()
     # The interpreter that runs the launcher, and the launcher.
@@ -110,6 +122,7 @@ class SandboxPolicy:
             uid=uid if switch else None,
             gid=gid if switch else None,
             userns=not may_mount and not switch,
+            may_mount=may_mount,
             masks=paths,
         )
 
@@ -195,18 +208,29 @@ def launch(
     options = ["--parent", str(os.getpid() if parent_pid is None else parent_pid)]
     private_dir: str | None = None
     cwd: str | None = None
-    if policy.uid is not None:
-        gid = policy.gid if policy.gid is not None else policy.uid
-        refusal = unreachable(executable, policy.uid, gid)
-        if refusal is not None:
+    uid = policy.uid
+    if uid is not None:
+        gid = policy.gid if policy.gid is not None else uid
+        refusal = unreachable(executable, uid, gid)
+        if refusal is not None and not policy.may_mount:
             raise SandboxError(
-                f"{refusal}: tool servers run as uid {policy.uid} ({UID_VARIABLE}); install "
+                f"{refusal}: tool servers run as uid {uid} ({UID_VARIABLE}); install "
                 "the server where that uid can reach it, or choose its uid"
             )
-        private_dir = _private_dir(policy.uid, gid)
+        if refusal is not None:
+            _say_once(
+                executable,
+                f"{refusal}: {executable} runs as root without capabilities, in namespaces "
+                f"of its own (install it where uid {uid} can run it to run it as that uid)",
+            )
+            uid = None
+            options.append("--require-namespaces")
+    if uid is not None:
+        gid = policy.gid if policy.gid is not None else uid
+        private_dir = _private_dir(uid, gid)
         cwd = private_dir
         env["HOME"] = private_dir
-        options += ["--uid", str(policy.uid), "--gid", str(gid), "--cwd", private_dir]
+        options += ["--uid", str(uid), "--gid", str(gid), "--cwd", private_dir]
     if policy.userns:
         options.append("--userns")
     for path in policy.masks:
@@ -250,14 +274,42 @@ def _private_dir(uid: int, gid: int) -> str:
     return path
 
 
+_said: set[str] = set()
+
+
+def _say_once(key: str, message: str) -> None:
+    if key not in _said:
+        _said.add(key)
+        _log.warning(message)
+
+
 def unreachable(path: str, uid: int, gid: int) -> str | None:
     """Why `uid`/`gid` (no supplementary groups) cannot execute `path`, by
-    the mode bits of the file and each directory above it; None if it can."""
-    for target in dict.fromkeys((Path(path), Path(os.path.realpath(path)))):
+    the mode bits of the file, of the interpreter its `#!` line names, and
+    of each directory above them; None if it can."""
+    targets = [Path(path), Path(os.path.realpath(path))]
+    interpreter = _interpreter_of(path)
+    if interpreter is not None:
+        targets += [Path(interpreter), Path(os.path.realpath(interpreter))]
+    for target in dict.fromkeys(targets):
         refusal = _closed_on_the_way(target, uid, gid)
         if refusal is not None:
             return refusal
     return None
+
+
+def _interpreter_of(path: str) -> str | None:
+    """The absolute interpreter path of a `#!` script (`/usr/bin/env` for
+    `#!/usr/bin/env python3`, whose own lookup happens later); None else."""
+    try:
+        with open(path, "rb") as script:
+            head = script.readline(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split()
+    return words[0].decode(errors="replace") if words else None
 
 
 def _closed_on_the_way(target: Path, uid: int, gid: int) -> str | None:

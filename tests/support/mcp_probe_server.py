@@ -11,7 +11,8 @@ one JSON-RPC message per line.
 
 - `read {path}`: `{"path", "ok": true, "text"}` when the file could be read,
   `{"path", "ok": false, "error"}` when not.
-- `identity {}`: the server's uid, gid, pid, working directory and HOME.
+- `identity {}`: the server's uid, gid, pid, working directory, HOME and
+  capability sets.
 """
 
 from __future__ import annotations
@@ -50,7 +51,18 @@ def identity() -> dict[str, Any]:
         "pid": os.getpid(),
         "cwd": os.getcwd(),
         "home": os.environ.get("HOME", ""),
+        "capabilities": _capabilities(),
     }
+
+
+def _capabilities() -> dict[str, int]:
+    """CapEff, CapPrm, CapInh, CapBnd and CapAmb of this process, as numbers."""
+    found: dict[str, int] = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name.startswith("Cap"):
+            found[name] = int(value.strip(), 16)
+    return found
 
 
 def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:

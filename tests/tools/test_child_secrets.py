@@ -8,7 +8,9 @@ variables granted to every tenant) and the data dir's `internal-token`
 is read, so the failures are the sandbox's doing.
 
 Run as root (as `keel up` may be, here and in CI), the runner starts its
-servers as `nobody`; run as another user, in namespaces of their own. The
+servers as `nobody`, or, for a server `nobody` cannot execute, as root with
+no capability in namespaces of its own; run as another user, in namespaces
+of their own. The
 second test takes the path of a runner that is not root even when the tests
 are: the launcher (agent_io/tools/child_launch.py), started by a process of
 another uid that holds a secret in its environment, runs the probe in user,
@@ -144,6 +146,58 @@ async def test_a_tool_server_reads_neither_the_runners_environment_nor_its_token
     for seen in (environ, token_file):
         text = seen.get("text", "")
         assert running.settings.internal_token not in text and token not in text
+        assert OTHER_TENANTS_KEY not in text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fallback of a runner that switches uid")
+async def test_a_server_the_tool_uid_cannot_run_runs_as_root_without_capabilities(
+    sqlite_settings: Settings, probe_dir: Path, runner_tmp: Path
+) -> None:
+    """A root runner's servers are often installed where `nobody` cannot go
+    (a virtualenv under /root, closed to other uids). Such a server runs as
+    root with no capability, in namespaces of its own, and still reads none
+    of the runner's secrets."""
+    command = [sys.executable, str(probe_dir / mcp_probe_server.SOURCE.name)]
+    if (
+        child_sandbox.unreachable(sys.executable, child_sandbox.NOBODY, child_sandbox.NOBODY)
+        is None
+    ):
+        pytest.skip("this interpreter is open to uid 65534: nothing falls back")
+    policy = SecretPolicy().with_command(command).with_grant("initech", "INITECH_KEY")
+    running = await start_cluster(sqlite_settings.with_overrides(secrets=policy))
+    try:
+        data_dir = running.settings.data_dir
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        token = data_dir_token(data_dir)
+        tool = {"source": "mcp", "name": "probe", "transport": "stdio", "command": command}
+        await running.kernel.put_loadout("default", {"tools": [tool]})
+        runner = running.start_runner(
+            **policy.to_env(),
+            KEEL_TOOL_SANDBOX="auto",
+            INITECH_KEY=OTHER_TENANTS_KEY,
+            TMPDIR=str(runner_tmp),
+        )
+        await running.runner_ready(runner)
+
+        await running.new_session("s-who")
+        await running.send("s-who", "/tool probe.identity {}", "r1")
+        await running.settled("s-who")
+        (result,) = [f.data for f in await running.facts("s-who") if f.kind == "tool_result"]
+        assert not result["isError"], result
+        who = json.loads(result["content"])
+        environ = await probe(running, "s-environ", f"/proc/{runner.pid}/environ")
+        token_file = await probe(running, "s-token", str(data_dir / TOKEN_FILE))
+        internal_token = running.settings.internal_token
+    finally:
+        await stop_cluster(running)
+    assert who["uid"] == 0
+    capabilities = who["capabilities"]
+    assert capabilities["CapEff"] == capabilities["CapPrm"] == capabilities["CapBnd"] == 0, who
+    assert not environ["ok"], "the tool server read the runner's environment"
+    assert not token_file["ok"], "the tool server read the data dir's internal token"
+    for seen in (environ, token_file):
+        text = seen.get("text", "")
+        assert internal_token not in text and token not in text
         assert OTHER_TENANTS_KEY not in text
 
 
