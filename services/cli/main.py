@@ -677,6 +677,39 @@ def bench_turns(
     _print_json(measure(database_url, sessions, turns), as_json)
 
 
+@bench_app.command("peers")
+def bench_peers(
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+    peers: Annotated[str, typer.Option(help="langgraph,dbos, one of them, or none")] = (
+        "langgraph,dbos"
+    ),
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="where the peers' scratch venv is kept")
+    ] = None,
+    one_session_turns: Annotated[int, typer.Option(min=1, help="turns of one session")] = 100,
+    sessions: Annotated[int, typer.Option(min=1, help="sessions running at once")] = 50,
+    turns: Annotated[int, typer.Option(min=1, help="turns per concurrent session")] = 10,
+    dry_run: Annotated[bool, typer.Option(help="print the plan; install and run nothing")] = False,
+) -> None:
+    """The same turn on LangGraph, DBOS and Keel in one run (peers in a scratch venv)."""
+    from bench.cluster import DEFAULT_URL
+    from bench.peers import PeersOptions, measure, parse_peers, plan
+
+    try:
+        chosen = parse_peers(peers)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--peers") from error
+    options = PeersOptions(
+        database_url or DEFAULT_URL, chosen, cache_dir, one_session_turns, sessions, turns
+    )
+    if dry_run:
+        _print_json(plan(options), as_json)
+        return
+    settle_heap()
+    _print_json(measure(options), as_json)
+
+
 @bench_app.command(
     "profile", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
 )
