@@ -14,10 +14,12 @@ process. Keel is then measured in this process.
 
 Figures per system: one session's p50/p99 (`one_session_turns` turns in
 sequence) and turns/s of `sessions` sessions at once (`turns_per_session`
-each). Every percentile is taken here, with bench/turns.py's code, from the
-latencies each program reports. `keel_vs_best_peer` divides Keel's figure by
-the best peer's (the lowest latency, the highest turns/s): a latency ratio
-≤ 1 and a throughput ratio ≥ 1 mean Keel is ahead.
+each), and CPU per turn: a peer program's process (PostgreSQL's own not
+counted, as for Keel, whose services all run in this process). Every
+percentile is taken here, with bench/turns.py's code, from the latencies
+each program reports. `keel_vs_best_peer` divides Keel's figure by
+the best peer's (the lowest latency or CPU, the highest turns/s): a latency
+or CPU ratio ≤ 1 and a throughput ratio ≥ 1 mean Keel is ahead.
 """
 
 from __future__ import annotations
@@ -162,6 +164,11 @@ def latency_figures(latencies_ms: Sequence[float]) -> dict[str, float]:
     }
 
 
+def cpu_ms_per_turn(line: dict[str, Any]) -> float | None:
+    cpu_s = line.get("cpu_s")
+    return None if cpu_s is None else round(cpu_s * 1000 / line["turns"], 2)
+
+
 def peer_figures(lines: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """A peer program's JSON lines as the figures Keel's are compared with."""
     figures: dict[str, Any] = {}
@@ -174,11 +181,13 @@ def peer_figures(lines: Sequence[dict[str, Any]]) -> dict[str, Any]:
             one = latency_figures(line["latencies_ms"])
             figures["one_session_p50_ms"] = one["p50_ms"]
             figures["one_session_p99_ms"] = one["p99_ms"]
+            figures["one_session_cpu_ms_per_turn"] = cpu_ms_per_turn(line)
         elif line.get("mode") == "sessions":
             many = latency_figures(line["latencies_ms"])
             figures["sessions_turns_per_s"] = round(line["turns"] / line["wall_s"], 1)
             figures["sessions_p50_ms"] = many["p50_ms"]
             figures["sessions_p99_ms"] = many["p99_ms"]
+            figures["sessions_cpu_ms_per_turn"] = cpu_ms_per_turn(line)
     return figures
 
 
@@ -221,6 +230,7 @@ COMPARED = {
     "one_session_p50_ms": False,
     "one_session_p99_ms": False,
     "sessions_turns_per_s": True,
+    "sessions_cpu_ms_per_turn": False,
 }
 
 

@@ -84,43 +84,55 @@ def test_an_unknown_peer_is_refused_with_its_name() -> None:
 
 
 def program_lines(
-    peer: str, one: list[float], many: list[float], wall_s: float
+    peer: str, one: list[float], many: list[float], wall_s: float, cpu_s: float
 ) -> list[dict[str, Any]]:
     """What bench/peer_programs/peer_turns.py prints for one peer."""
     return [
         {"peer": peer, "version": "9.9"},
         {"peer": peer, "mode": "one_session", "sessions": 1, "turns": len(one),
-         "wall_s": sum(one) / 1000, "latencies_ms": one},
+         "wall_s": sum(one) / 1000, "cpu_s": 0.003 * len(one), "latencies_ms": one},
         {"peer": peer, "mode": "sessions", "sessions": 5, "turns": len(many),
-         "wall_s": wall_s, "latencies_ms": many},
+         "wall_s": wall_s, "cpu_s": cpu_s, "latencies_ms": many},
     ]  # fmt: skip
 
 
 def test_keel_is_compared_with_the_best_peer_of_each_figure() -> None:
-    fast_alone = peer_figures(program_lines("dbos", [5.0, 6.0, 7.0], [30.0] * 100, 1.0))
-    fast_together = peer_figures(program_lines("langgraph", [8.0, 9.0, 10.0], [20.0] * 200, 1.0))
+    fast_alone = peer_figures(program_lines("dbos", [5.0, 6.0, 7.0], [30.0] * 100, 1.0, 0.4))
+    fast_together = peer_figures(
+        program_lines("langgraph", [8.0, 9.0, 10.0], [20.0] * 200, 1.0, 1.0)
+    )
     assert fast_alone["version"] == "9.9"
     assert fast_alone["one_session_p50_ms"] == 6.0 and fast_alone["one_session_p99_ms"] == 7.0
+    assert fast_alone["one_session_cpu_ms_per_turn"] == 3.0
+    assert fast_alone["sessions_cpu_ms_per_turn"] == 4.0
     assert fast_together["sessions_turns_per_s"] == 200.0
     failed = peer_figures([{"peer": "dbos", "error": "RuntimeError('no database')"}])
     assert failed == {"error": "RuntimeError('no database')"}
 
-    keel = {"one_session_p50_ms": 3.0, "one_session_p99_ms": 14.0, "sessions_turns_per_s": 300.0}
+    keel = {
+        "one_session_p50_ms": 3.0,
+        "one_session_p99_ms": 14.0,
+        "sessions_turns_per_s": 300.0,
+        "sessions_cpu_ms_per_turn": 10.0,
+    }
     result = compare(keel, {"dbos": fast_alone, "langgraph": fast_together})
     assert result["best_peer"] == {
         "one_session_p50_ms": "dbos",
         "one_session_p99_ms": "dbos",
         "sessions_turns_per_s": "langgraph",
+        "sessions_cpu_ms_per_turn": "dbos",
     }
     assert result["keel_vs_best_peer"] == {
         "one_session_p50_ms": 0.5,
         "one_session_p99_ms": 2.0,
         "sessions_turns_per_s": 1.5,
+        "sessions_cpu_ms_per_turn": 2.5,
     }
     assert result["keel_ahead"] == {
         "one_session_p50_ms": True,
         "one_session_p99_ms": False,
         "sessions_turns_per_s": True,
+        "sessions_cpu_ms_per_turn": False,
     }
     # A peer that failed is no one's best; with none left there is no ratio.
     only_failed = compare(keel, {"dbos": failed})

@@ -14,8 +14,9 @@ answer made durable:
              sequence, then `sessions` sessions on threads at once
 
 Prints one JSON line per mode with every turn's latency in ms (bench/peers.py
-takes the percentiles with the same code as for Keel), or one line with
-"error". The peers are imported by name at run time: this file is part of
+takes the percentiles with the same code as for Keel) and the process's CPU
+time (all its threads: the peer's own background work counts, as Keel's
+does), or one line with "error". The peers are imported by name at run time: this file is part of
 Keel's package (and its type check), where they are not installed.
 """
 
@@ -45,7 +46,16 @@ def emit(line: dict[str, Any]) -> None:
     print(json.dumps(line), flush=True)
 
 
-def report(peer: str, mode: str, sessions: int, wall_s: float, latencies: list[float]) -> None:
+def clocks() -> tuple[float, float]:
+    """Wall-clock and this process's CPU time (every thread's), to measure from."""
+    return time.perf_counter(), time.process_time()
+
+
+def report(
+    peer: str, mode: str, sessions: int, since: tuple[float, float], latencies: list[float]
+) -> None:
+    wall_s = time.perf_counter() - since[0]
+    cpu_s = time.process_time() - since[1]
     emit(
         {
             "peer": peer,
@@ -53,6 +63,7 @@ def report(peer: str, mode: str, sessions: int, wall_s: float, latencies: list[f
             "sessions": sessions,
             "turns": len(latencies),
             "wall_s": round(wall_s, 4),
+            "cpu_s": round(cpu_s, 4),
             "latencies_ms": [round(s * 1000, 3) for s in latencies],
         }
     )
@@ -114,12 +125,12 @@ def langgraph_one_session(url: str, turns: int) -> None:
             turn(warmup, f"warm-up {n}")
         thread = str(uuid.uuid4())
         latencies: list[float] = []
-        started = time.perf_counter()
+        started = clocks()
         for n in range(turns):
             began = time.perf_counter()
             turn(thread, f"hello {n}")
             latencies.append(time.perf_counter() - began)
-        report("langgraph", "one_session", 1, time.perf_counter() - started, latencies)
+        report("langgraph", "one_session", 1, started, latencies)
 
 
 async def langgraph_sessions(url: str, sessions: int, each: int) -> None:
@@ -142,9 +153,9 @@ async def langgraph_sessions(url: str, sessions: int, each: int) -> None:
                     latencies.append(time.perf_counter() - began)
 
         await session(WARMUP_TURNS, measured=False)
-        started = time.perf_counter()
+        started = clocks()
         await asyncio.gather(*(session(each, measured=True) for _ in range(sessions)))
-        report("langgraph", "sessions", sessions, time.perf_counter() - started, latencies)
+        report("langgraph", "sessions", sessions, started, latencies)
 
 
 # -- DBOS ------------------------------------------------------------------
@@ -180,12 +191,12 @@ def run_dbos(dsn: str, turns: int, sessions: int, each: int) -> None:
             turn(warmup, f"warm-up {n}")
         session_id = str(uuid.uuid4())
         latencies: list[float] = []
-        started = time.perf_counter()
+        started = clocks()
         for n in range(turns):
             began = time.perf_counter()
             turn(session_id, f"hello {n}")
             latencies.append(time.perf_counter() - began)
-        report("dbos", "one_session", 1, time.perf_counter() - started, latencies)
+        report("dbos", "one_session", 1, started, latencies)
 
         concurrent: list[float] = []
         lock = threading.Lock()
@@ -199,12 +210,12 @@ def run_dbos(dsn: str, turns: int, sessions: int, each: int) -> None:
                     concurrent.append(time.perf_counter() - began)
 
         threads = [threading.Thread(target=session) for _ in range(sessions)]
-        started = time.perf_counter()
+        started = clocks()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        report("dbos", "sessions", sessions, time.perf_counter() - started, concurrent)
+        report("dbos", "sessions", sessions, started, concurrent)
     finally:
         dbos.destroy()
 
