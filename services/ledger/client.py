@@ -14,12 +14,13 @@ from keel.ledger.v1 import ledger_pb2 as pb
 from keel.ledger.v1 import ledger_pb2_grpc as pb_grpc
 from services.common.config import Settings
 from services.common.rpc import balanced_target, replica_channel_options, streaming, unary
-from services.common.serving import open_channel
+from services.common.serving import MESSAGE_OVERHEAD_BYTES, open_channel
 from services.ledger.append_stream import AppendPipeline
 from services.ledger.codec import fact_from_pb, new_fact_to_pb, view_from_pb
 from services.ledger.domain import Appended, SessionView
 from services.ledger.errors import LedgerError
 from services.ledger.facts import CommittedFact
+from services.ledger.packed_facts import MAX_PACKED_READ_LIMIT, facts_from_packed
 
 # Safe to resend to another replica after UNAVAILABLE. Appends are left to
 # the callers: only some facts carry a dedup key.
@@ -52,12 +53,15 @@ class LedgerClient:
 
     def __init__(self, target: str, settings: Settings | None = None) -> None:
         # `target` may list ledger replicas ("host:port,host:port").
+        settings = settings or Settings()
         self._channel = open_channel(
             balanced_target(target),
-            settings or Settings(),
+            settings,
             replica_channel_options("keel.ledger.v1.LedgerService", _READ_ONLY_METHODS),
         )
         self._stub = pb_grpc.LedgerServiceStub(self._channel)
+        # What a packed page may take of a received message.
+        self._max_packed_bytes = settings.grpc_max_message_bytes - MESSAGE_OVERHEAD_BYTES
         # Opened on the first append, shared by every task of the process.
         self._appends = AppendPipeline(self._stub.AppendStream)
 
@@ -101,17 +105,32 @@ class LedgerClient:
         return (await self.append(session_id, [FactToAppend(kind, data)], epoch))[0]
 
     async def read(
-        self, session_id: str, after_seq: int = 0, limit: int = 0
+        self, session_id: str, after_seq: int = 0, limit: int = 0, *, packed: bool = True
     ) -> tuple[list[CommittedFact], int]:
-        request = pb.ReadRequest(session_id=session_id, after_seq=after_seq, limit=limit)
+        """Up to `limit` facts after `after_seq` (0: the ledger's default page,
+        at most MAX_PACKED_READ_LIMIT) and the stream's head.
+
+        Asked for as a packed page (`packed`): decoded in one call, and
+        bounded by this client's message limit too, so it may end before
+        `limit` facts and before the head. A ledger without packed pages
+        answers with `Fact` messages (at most 1000), read here just the same."""
+        request = pb.ReadRequest(
+            session_id=session_id,
+            after_seq=after_seq,
+            limit=limit,
+            packed=packed,
+            max_packed_bytes=self._max_packed_bytes if packed else 0,
+        )
         response = await unary(self._stub.Read(request), LedgerError)
+        if response.packed_facts:
+            return facts_from_packed(session_id, response.packed_facts), response.head_seq
         return [fact_from_pb(f) for f in response.facts], response.head_seq
 
     async def read_all(self, session_id: str, after_seq: int = 0) -> list[CommittedFact]:
-        """Every fact after `after_seq`, page by page."""
+        """Every fact after `after_seq`, in the largest pages."""
         out: list[CommittedFact] = []
         while True:
-            page, head = await self.read(session_id, after_seq, 1000)
+            page, head = await self.read(session_id, after_seq, MAX_PACKED_READ_LIMIT)
             out.extend(page)
             if not page or page[-1].seq >= head:
                 return out

@@ -24,12 +24,13 @@ from services.common.errors import (
     stream_errors,
     unary_errors,
 )
-from services.common.serving import GrpcService
+from services.common.serving import MESSAGE_OVERHEAD_BYTES, GrpcService
 from services.ledger import facts as F
 from services.ledger.codec import fact_to_pb, read_response, view_to_pb
 from services.ledger.domain import Appended
-from services.ledger.errors import InvalidFact, SessionNotFound, StaleEpoch
+from services.ledger.errors import InvalidCursor, InvalidFact, SessionNotFound, StaleEpoch
 from services.ledger.metrics import stale_append_refused, time_append
+from services.ledger.packed_facts import MAX_PACKED_READ_LIMIT
 from services.ledger.store import LedgerStore
 from services.ledger.waker import SessionWaker
 
@@ -254,9 +255,25 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
     async def Read(self, request: pb.ReadRequest, context: Context) -> pb.ReadResponse:
         session_id = F.check_id(request.session_id, "session_id")
         after = F.check_cursor(request.after_seq)
+        if request.packed:
+            return await self._read_packed(session_id, after, request)
         limit = F.check_limit(request.limit)
         facts, head = await asyncio.to_thread(self._store.read_page, session_id, after, limit)
         return read_response(facts, head)
+
+    async def _read_packed(
+        self, session_id: str, after: int, request: pb.ReadRequest
+    ) -> pb.ReadResponse:
+        if request.limit < 0 or request.max_packed_bytes < 0:
+            raise InvalidCursor("limit and max_packed_bytes must be >= 0")
+        limit = min(request.limit or F.DEFAULT_READ_LIMIT, MAX_PACKED_READ_LIMIT)
+        max_bytes = self._settings.grpc_max_message_bytes - MESSAGE_OVERHEAD_BYTES
+        if request.max_packed_bytes:
+            max_bytes = min(max_bytes, request.max_packed_bytes)
+        packed, head = await asyncio.to_thread(
+            self._store.read_packed, session_id, after, limit, max_bytes
+        )
+        return pb.ReadResponse(packed_facts=packed, head_seq=head)
 
     @stream_errors
     async def Subscribe(

@@ -52,6 +52,7 @@ from services.ledger.domain import Appended, SessionStream, SessionView
 from services.ledger.errors import LedgerError, SessionExists, SessionNotFound, WriteContention
 from services.ledger.event_insert import BatchInsert
 from services.ledger.metrics import record_batch
+from services.ledger.packed_facts import PackedFact, pack, pack_rows
 from services.ledger.stored_facts import FactReader
 
 log = logging.getLogger("keel.ledger.store")
@@ -236,6 +237,30 @@ class LedgerStore:
             if head == 0:  # every session starts with its creation fact
                 raise SessionNotFound(f"no session {session_id!r}")
             return self._fact_reader.facts(session_id, rows), head
+
+    def read_packed(
+        self, session_id: str, after_seq: int, limit: int, max_bytes: int
+    ) -> tuple[bytes, int]:
+        """Up to `limit` facts after `after_seq` as one packed page of at
+        most `max_bytes` (never less than one fact), and the stream's head.
+
+        Rows are fetched MAX_READ_LIMIT at a time, so what is held beyond
+        the page itself is never more than an unpacked page holds."""
+        elements: list[PackedFact] = []
+        room = max_bytes
+        with self._reading():
+            while True:
+                chunk = min(limit - len(elements), F.MAX_READ_LIMIT)
+                rows, head = self._rows.page(session_id, after_seq, chunk)
+                if head == 0:  # every session starts with its creation fact
+                    raise SessionNotFound(f"no session {session_id!r}")
+                room = pack_rows(self._fact_reader, session_id, rows, room, elements)
+                if room < 0 or len(rows) < chunk or len(elements) >= limit:
+                    break
+                after_seq = rows[-1][0]
+                if after_seq >= head:
+                    break
+        return pack(elements), head
 
     def head(self, session_id: str) -> int:
         with self._reading():

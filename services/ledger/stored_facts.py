@@ -106,15 +106,16 @@ class _Created(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     tenant_id: str
 
 
-_RECORDED = msgspec.json.Decoder(_Recorded)
-_CREATED = msgspec.json.Decoder(_Created)
+# A stored row's state, by topic (also read by services.ledger.packed_facts).
+RECORDED_STATE = msgspec.json.Decoder(_Recorded)
+CREATED_STATE = msgspec.json.Decoder(_Created)
 
 
 def stored_fact(session_id: str, seq: int, topic: str, state: bytes) -> F.CommittedFact | None:
     """The fact a stored row holds, or None when the mapper must read it."""
     try:
         if topic == RECORDED_TOPIC:
-            recorded = _RECORDED.decode(state)
+            recorded = RECORDED_STATE.decode(state)
             stamp = recorded.timestamp
             if stamp.name != DATETIME_TRANSCODING:
                 return None
@@ -122,7 +123,7 @@ def stored_fact(session_id: str, seq: int, topic: str, state: bytes) -> F.Commit
             moment = timestamp_ms(stamp.moment)
             return F.CommittedFact(session_id, seq, recorded.kind, data, moment, recorded.epoch)
         if topic == CREATED_TOPIC:
-            created = _CREATED.decode(state)
+            created = CREATED_STATE.decode(state)
             stamp = created.timestamp
             if stamp.name != DATETIME_TRANSCODING:
                 return None
@@ -142,7 +143,7 @@ class FactReader:
     def __init__(self, mapper: Mapper[str]) -> None:
         self._mapper = mapper
         transcoder = mapper.transcoder
-        self._plain = (
+        self.plain = (
             mapper.cipher is None
             and mapper.compressor is None
             and isinstance(transcoder, JSONTranscoder)
@@ -154,7 +155,7 @@ class FactReader:
     ) -> list[F.CommittedFact]:
         out: list[F.CommittedFact] = []
         for seq, topic, state in rows:
-            fact = stored_fact(session_id, seq, topic, state) if self._plain else None
+            fact = stored_fact(session_id, seq, topic, state) if self.plain else None
             if fact is None:
                 event = self._mapper.to_domain_event(StoredEvent(session_id, seq, topic, state))
                 fact = to_committed(session_id, event)

@@ -334,20 +334,35 @@ class ReadRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     AFTER_SEQ_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
+    PACKED_FIELD_NUMBER: _builtins.int
+    MAX_PACKED_BYTES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     after_seq: _builtins.int
     limit: _builtins.int
-    """0 means the server default; at most 1000."""
+    """0 means the server default (500); at most 1000, or 10000 with `packed`."""
+    packed: _builtins.bool
+    """Answer with `packed_facts` instead of `facts`: the cheap form for a
+    reader that takes many facts at once (a cold rebuild). A ledger that
+    predates the flag ignores it and answers with `facts`, so a reader must
+    accept either.
+    """
+    max_packed_bytes: _builtins.int
+    """With `packed`: the most bytes of `packed_facts` the reader accepts (its
+    own gRPC message limit). 0, or more than the ledger's own limit, means
+    the ledger's limit. Always at least one fact is sent, however large.
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         after_seq: _builtins.int = ...,
         limit: _builtins.int = ...,
+        packed: _builtins.bool = ...,
+        max_packed_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "limit", b"limit", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "limit", b"limit", "max_packed_bytes", b"max_packed_bytes", "packed", b"packed", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -359,18 +374,31 @@ class ReadResponse(_message.Message):
 
     FACTS_FIELD_NUMBER: _builtins.int
     HEAD_SEQ_FIELD_NUMBER: _builtins.int
+    PACKED_FACTS_FIELD_NUMBER: _builtins.int
     head_seq: _builtins.int
+    packed_facts: _builtins.bytes
+    """A packed page (asked for with `packed`): one UTF-8 JSON array with an
+    element per fact, in seq order, each itself an array
+      [seq, kind, data, timestamp_ms, epoch]
+    where `data` is the fact's JSON object as `Fact.data_json` would carry
+    it; the session is the request's. A packed page may hold fewer facts
+    than `limit` to stay within its byte bound, and still not be the last:
+    continue after its last seq until `head_seq`.
+    """
     @_builtins.property
-    def facts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Fact]: ...
+    def facts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Fact]:
+        """Empty when the page is packed."""
+
     def __init__(
         self,
         *,
         facts: _abc.Iterable[Global___Fact] | None = ...,
         head_seq: _builtins.int = ...,
+        packed_facts: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["facts", b"facts", "head_seq", b"head_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["facts", b"facts", "head_seq", b"head_seq", "packed_facts", b"packed_facts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

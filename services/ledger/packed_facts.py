@@ -1,0 +1,147 @@
+"""Packed pages: many facts of one session in one bytes field.
+
+A packed page (`ReadResponse.packed_facts`, asked for with
+`ReadRequest.packed`) is one UTF-8 JSON array with an element per fact,
+`[seq, kind, data, timestamp_ms, epoch]`, `data` the fact's JSON as
+`Fact.data_json` carries it. A cold rebuild reads thousands of facts: as
+`Fact` messages each costs a protobuf message on both sides and a JSON parse
+of its own on the reader's; packed, the ledger copies each row's stored JSON
+into the page unparsed, and the reader decodes the page in one call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+import msgspec
+
+from services.ledger.domain import timestamp_ms
+from services.ledger.facts import SESSION_CREATED, CommittedFact
+from services.ledger.stored_facts import (
+    CREATED_STATE,
+    CREATED_TOPIC,
+    DATETIME_TRANSCODING,
+    RECORDED_STATE,
+    RECORDED_TOPIC,
+    FactReader,
+    StoredData,
+)
+
+# A packed page may hold this many facts; its bytes bound it too.
+MAX_PACKED_READ_LIMIT: Final = 10_000
+# What a packed fact adds to its data and kind: brackets, commas, quotes and
+# three integers of at most 20 characters each.
+PACKED_FACT_OVERHEAD: Final = 72
+
+
+# Not tracked by the garbage collector: a page makes thousands of them and
+# they hold no reference cycles.
+class PackedFact(msgspec.Struct, array_like=True, gc=False):
+    """One element of a packed page."""
+
+    seq: int
+    kind: str
+    # Written as JSON text (msgspec.Raw); read back as any JSON value, as
+    # `stored_facts.decode_data` reads a `data_json`.
+    data: Any
+    timestamp_ms: int
+    epoch: int
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(list[PackedFact])
+
+
+def _data_utf8(data: Mapping[str, Any]) -> bytes:
+    if isinstance(data, StoredData):
+        return data.utf8
+    # Not the stored text (a row read through the mapper): ASCII escapes,
+    # so even a lone surrogate travels, as the escape json.loads reads.
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def fact_element(fact: CommittedFact) -> tuple[PackedFact, int]:
+    """A fact as a page element, and an upper bound of its packed bytes."""
+    data = _data_utf8(fact.data)
+    # A kind is short, but bound its escapes too (six bytes a character).
+    size = len(data) + 6 * len(fact.kind) + PACKED_FACT_OVERHEAD
+    return PackedFact(fact.seq, fact.kind, msgspec.Raw(data), fact.timestamp_ms, fact.epoch), size
+
+
+def _stored_element(seq: int, topic: str, state: bytes) -> PackedFact | None:
+    """The element of a stored row in the mapper's plain JSON, its data
+    the stored text itself (see `stored_facts.stored_fact`); None when the
+    row must be read through the mapper."""
+    try:
+        if topic == RECORDED_TOPIC:
+            recorded = RECORDED_STATE.decode(state)
+            stamp = recorded.timestamp
+            if stamp.name != DATETIME_TRANSCODING:
+                return None
+            moment = timestamp_ms(stamp.moment)
+            return PackedFact(seq, recorded.kind, recorded.data, moment, recorded.epoch)
+        if topic == CREATED_TOPIC:
+            created = CREATED_STATE.decode(state)
+            stamp = created.timestamp
+            if stamp.name != DATETIME_TRANSCODING:
+                return None
+            tenant = _data_utf8({"tenantId": created.tenant_id})
+            moment = timestamp_ms(stamp.moment)
+            return PackedFact(seq, SESSION_CREATED, msgspec.Raw(tenant), moment, 0)
+    except msgspec.MsgspecError:
+        return None
+    return None
+
+
+def pack_rows(
+    reader: FactReader,
+    session_id: str,
+    rows: Iterable[tuple[int, str, bytes]],
+    room: int,
+    into: list[PackedFact],
+) -> int:
+    """Appends the rows' elements to `into` while they fit in `room` bytes
+    (the first always does), and returns the room left (negative: full)."""
+    for seq, topic, state in rows:
+        element = _stored_element(seq, topic, state) if reader.plain else None
+        if element is None:
+            element, size = fact_element(reader.facts(session_id, [(seq, topic, state)])[0])
+        else:
+            # The stored state holds the kind and the data, and more.
+            size = len(state) + PACKED_FACT_OVERHEAD
+        if size > room and into:
+            return -1
+        into.append(element)
+        room -= size
+    return room
+
+
+def pack(elements: Sequence[PackedFact]) -> bytes:
+    return _ENCODER.encode(elements)
+
+
+def pack_facts(facts: Iterable[CommittedFact]) -> bytes:
+    """Committed facts as a packed page."""
+    return pack([fact_element(f)[0] for f in facts])
+
+
+def facts_from_packed(session_id: str, packed: bytes) -> list[CommittedFact]:
+    """The facts of a packed page, equal to what `codec.fact_from_pb` makes
+    of the same facts sent one message each.
+
+    One decode for the whole page. What msgspec refuses and Python's json
+    reads (NaN, an escaped lone surrogate: see `decode_data`) is read by the
+    latter; on any other JSON text the two read the same values."""
+    try:
+        return [
+            CommittedFact(session_id, f.seq, f.kind, f.data, f.timestamp_ms, f.epoch)
+            for f in _DECODER.decode(packed)
+        ]
+    except msgspec.MsgspecError:
+        page = json.loads(packed)
+    return [
+        CommittedFact(session_id, int(seq), str(kind), data, int(stamp), int(epoch))
+        for seq, kind, data, stamp, epoch in page
+    ]
