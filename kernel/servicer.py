@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -56,6 +59,10 @@ Context = grpc.aio.ServicerContext[Any, Any]
 MAX_WAIT_MS = 300_000
 MAX_TEXT = 4096
 MAX_HANDOFFS = 1000
+# Threads of Enqueue's own: an input's acceptance does not queue behind the
+# claims, finishes and renewals of a run backlog in the default executor.
+# With that executor's threads and the heartbeat's, within the store's pool.
+ENQUEUE_THREADS = 4
 
 
 def _epoch(value: int) -> int:
@@ -112,6 +119,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         self._handing_back: set[asyncio.Future[None]] = set()
         # Set on drain: LeaseStreams answer what they have read, then end.
         self._streams_end = asyncio.Event()
+        self._enqueues = ThreadPoolExecutor(ENQUEUE_THREADS, thread_name_prefix="keel-enqueue")
 
     async def drain(self) -> None:
         self._attachments.drain()
@@ -125,6 +133,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         await self._revocations.close()
         if self._handing_back:
             await asyncio.gather(*self._handing_back, return_exceptions=True)
+        self._enqueues.shutdown(wait=False)
 
     # -- runtimes --
 
@@ -355,13 +364,16 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         tracing.annotate_current(
             {tracing.SESSION_ID: request.session_id, tracing.TENANT_ID: request.tenant_id}
         )
-        await asyncio.to_thread(
+        enqueue = functools.partial(
             self._leases.enqueue,
             check_id(request.session_id, "session_id"),
             check_id(request.tenant_id, "tenant_id"),
             _non_negative(request.input_seq, "input_seq"),
             request.unpark,
         )
+        # In the caller's context, as asyncio.to_thread would run it (its span).
+        run = functools.partial(contextvars.copy_context().run, enqueue)
+        await asyncio.get_running_loop().run_in_executor(self._enqueues, run)
         return pb.EnqueueResponse()
 
     @unary_errors

@@ -59,8 +59,10 @@ _CANDIDATES = (
     "AND s.not_before_ms <= %s "
     "AND NOT EXISTS (SELECT 1 FROM kernel_slots t "
     "WHERE t.tenant_id = s.tenant_id AND t.in_use >= t.max_runs) "
-    "ORDER BY s.queued_at_ms, s.session_id LIMIT %s {skip_locked}"
+    "ORDER BY s.queued_at_ms, s.session_id LIMIT %s"
 )
+# One candidate, locked and read afresh once its tenant's slot is taken.
+_CANDIDATE = f"{_SELECT} WHERE s.session_id = %s {{skip_locked}}"
 
 _QUEUE_DEPTH = (
     "SELECT COUNT(*), SUM(CASE WHEN EXISTS (SELECT 1 FROM kernel_slots t "
@@ -113,6 +115,15 @@ def _latest_revision(tx: Tx, tenant_id: str) -> int | None:
     if row is None:
         return None
     return int(row[0] or 0)
+
+
+class _Missed(Enum):
+    """Why a claim candidate was not claimed."""
+
+    # Its tenant has no free run slot.
+    FULL = "full"
+    # Its row is locked, or no longer claimable: another claimer was first.
+    TAKEN = "taken"
 
 
 @dataclass
@@ -212,34 +223,70 @@ class LeaseStore:
                 raise UnknownRuntime(f"runtime {runtime_id!r} is not registered")
             if runtime[0] != domain.DrainMode.NONE:
                 return None
-            # A tenant filling up between the query and the slot update makes
-            # every candidate fail; the next round's query excludes it.
+            # The candidates are read without a lock; each one's tenant slot is
+            # taken before its row is locked (with SKIP LOCKED, never waiting),
+            # so no session row is held while its claim waits on the tenant's
+            # counter: an Enqueue (an input's acceptance) never waits behind
+            # admission. A tenant found full is not tried again in this claim.
+            full: set[str] = set()
             for _ in range(3):
                 rows = tx.rows(_CANDIDATES, (now, CLAIM_CANDIDATES))
                 if not rows:
                     return None
-                for row in rows:
-                    record = _record(row)
-                    transition = domain.claim(
-                        record, runtime_id, uuid.uuid4().hex, now, self.lease_ms
-                    )
-                    if transition.slot_delta > 0 and not admission.take(tx, record.tenant_id):
-                        passed_over[record.tenant_id] += 1
+                for record in map(_record, rows):
+                    if record.tenant_id in full:
                         continue
-                    # The slot (if one was needed) was taken just above.
-                    self._apply(tx, transition, done, slots=False)
-                    if record.state in (LeaseState.RELEASED, LeaseState.EXPIRED):
-                        # Given back (a handoff?) or given up: this is the successor.
-                        name_successor(tx, record.session_id, runtime_id)
-                    lease = transition.record.lease(transition.reclaimed)
-                    revision = _latest_revision(tx, record.tenant_id) if with_loadout else None
-                    return Claimed(lease, revision)
+                    claimed = self._try_candidate(tx, record, runtime_id, now, done, with_loadout)
+                    if claimed is _Missed.FULL:
+                        full.add(record.tenant_id)
+                        passed_over[record.tenant_id] += 1
+                    elif isinstance(claimed, Claimed):
+                        return claimed
             return None
 
         claimed = self._db.run(work)
         self.metrics.record(done)
         self.metrics.admission_rejected(sum(passed_over.values()))
         return claimed
+
+    def _try_candidate(
+        self,
+        tx: Tx,
+        candidate: SessionRecord,
+        runtime_id: str,
+        now: int,
+        done: list[Transition],
+        with_loadout: bool,
+    ) -> Claimed | _Missed:
+        """Claims one candidate: its tenant's slot first, then its row."""
+        tenant_id = candidate.tenant_id
+        # Undone (with the counter's lock) if the row turns out to be taken,
+        # so a claim holds at most one tenant's counter at a time.
+        wrote = tx.wrote
+        tx.execute("SAVEPOINT claim_candidate")
+        if not admission.take(tx, tenant_id):
+            tx.execute("ROLLBACK TO SAVEPOINT claim_candidate")
+            tx.wrote = wrote
+            return _Missed.FULL
+        locked = tx.one(_CANDIDATE, (candidate.session_id,))
+        record = None if locked is None else _record(locked)
+        if record is None or record.tenant_id != tenant_id or not record.claimable(now):
+            tx.execute("ROLLBACK TO SAVEPOINT claim_candidate")
+            tx.wrote = wrote
+            return _Missed.TAKEN
+        tx.execute("RELEASE SAVEPOINT claim_candidate")
+        transition = domain.claim(record, runtime_id, uuid.uuid4().hex, now, self.lease_ms)
+        # The slot taken above is the new lease's; a lease still marked held
+        # (past its TTL) passes its own slot on, so the one taken goes back.
+        self._apply(tx, transition, done, slots=False)
+        if transition.slot_delta == 0:
+            admission.adjust(tx, {tenant_id: -1})
+        if record.state in (LeaseState.RELEASED, LeaseState.EXPIRED):
+            # Given back (a handoff?) or given up: this is the successor.
+            name_successor(tx, record.session_id, runtime_id)
+        lease = transition.record.lease(transition.reclaimed)
+        revision = _latest_revision(tx, tenant_id) if with_loadout else None
+        return Claimed(lease, revision)
 
     def queue_depth(self) -> tuple[int, int]:
         """(runnable sessions nobody holds, those of them whose tenant's run

@@ -782,6 +782,19 @@ def bench_e2e(
     _print_json(measure(database_url, transport=transport, processes=processes), as_json)
 
 
+@bench_app.command("soak")
+def bench_soak(
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+    sessions: Annotated[int, typer.Option(min=1, help="sessions, each with an SSE reader")] = 200,
+    duration: Annotated[float, typer.Option(min=1, help="seconds of posting")] = 60.0,
+) -> None:
+    """POST /inputs latency while answers queue behind the tenant's run slots (bench/soak.py)."""
+    from bench.soak import measure
+
+    _print_json(measure(database_url, sessions, duration_s=duration), as_json)
+
+
 @bench_app.command("drain")
 def bench_drain(
     database_url: DatabaseUrl = None,
