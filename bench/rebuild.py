@@ -1,8 +1,8 @@
 """`keel bench rebuild`: a successor's cold rebuild of a long session.
 
 A runner that takes a session over without a cached copy of its facts reads
-the whole session from the ledger (`Read`, page by page, as
-`FactCache.load` does) and builds the context its next model request
+the whole session from the ledger (`Read` in packed pages, a few at once,
+as `FactCache.load` does) and builds the context its next model request
 presents, with the calls the runner makes for it (`Attempt.start`, the turn
 loop, the compaction check, the request). That is the time between a claim
 and the first model request of a takeover, beyond the commits.
