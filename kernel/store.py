@@ -2,10 +2,12 @@
 
 Every operation loads the session row under a row lock, lets
 `kernel.domain` decide, and writes the row and its tenant's slot counter in
-the same transaction. Claims pick candidates with `SKIP LOCKED`, so
-concurrent claimers (in one process or in several kernel replicas) take
-different sessions instead of waiting on each other; the tenant's slot is
-taken by a conditional increment (see `kernel.admission`).
+the same transaction. A claim reads its candidates unlocked, takes the
+tenant's slot by a conditional increment (see `kernel.admission`) and only
+then locks the candidate's row with `SKIP LOCKED`: concurrent claimers (in
+one process or in several kernel replicas) take different sessions instead
+of waiting on each other, and no session row is held while a claim waits
+for its tenant's counter, so an Enqueue never waits behind admission.
 
 Store calls are synchronous (the servicer runs them in threads). The clock
 is injected so tests can move time.
