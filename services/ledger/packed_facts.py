@@ -11,8 +11,10 @@ into the page unparsed, and the reader decodes the page in one call.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -127,6 +129,22 @@ def pack_facts(facts: Iterable[CommittedFact]) -> bytes:
     return pack([fact_element(f)[0] for f in facts])
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No garbage collection while a page is decoded: it makes a dict or a
+    list for every JSON object and array, thousands of them, which set off
+    collections that find nothing (the decode holds the GIL throughout and
+    makes no cycles). A fifth of a page's decoding time."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def facts_from_packed(session_id: str, packed: bytes) -> list[CommittedFact]:
     """The facts of a packed page, equal to what `codec.fact_from_pb` makes
     of the same facts sent one message each.
@@ -135,9 +153,11 @@ def facts_from_packed(session_id: str, packed: bytes) -> list[CommittedFact]:
     reads (NaN, an escaped lone surrogate: see `decode_data`) is read by the
     latter; on any other JSON text the two read the same values."""
     try:
+        with _collector_paused():
+            elements = _DECODER.decode(packed)
         return [
             CommittedFact(session_id, f.seq, f.kind, f.data, f.timestamp_ms, f.epoch)
-            for f in _DECODER.decode(packed)
+            for f in elements
         ]
     except msgspec.MsgspecError:
         page = json.loads(packed)
