@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from services.common.metrics_endpoint import METRICS_HOST_ENV
 
@@ -173,8 +175,40 @@ def check_ports(ports: Iterable[NamedPort]) -> None:
         raise unavailable
 
 
+# How many ports below the kernel's ephemeral range free_port draws from.
+_FREE_SPAN = 10_000
+_FREE_TRIES = 100
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback port nothing listens on now, for a service without a fixed one."""
-    with socket.socket() as probe:
+    """A loopback port nothing listens on now, for a service without a fixed one.
+
+    Drawn at random below the kernel's ephemeral range: a port from bind(0)
+    lies inside it, and until the service binds it (after the services before
+    it are ready) the kernel may give it to any outgoing connection, such as
+    one of the pools' connections to PostgreSQL, and the service could not
+    start. Below the range only an explicit bind can take it."""
+    low = _ephemeral_low()
+    span = range(max(1024, low - _FREE_SPAN), low)
+    if len(_given) > len(span) // 2:
+        _given.clear()
+    for _ in range(_FREE_TRIES):
+        port = random.choice(span)
+        # Not one this process handed out already: its service may not listen yet.
+        if port not in _given and _unavailable_reason(INTERNAL_HOST, port) is None:
+            _given.add(port)
+            return port
+    with socket.socket() as probe:  # that range is full: what the kernel gives
         probe.bind((INTERNAL_HOST, 0))
         return int(probe.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to connections (Linux's default
+    when it cannot be read)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return max(1025, int(text.split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 32768

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.cli import up_ports
 from tests.processes import ROOT, ChildProcess
 
 KEEL = Path(sys.executable).with_name("keel")
@@ -117,11 +118,10 @@ def keel_up(
 
 def free_port_run(count: int, attempts: int = 50) -> int:
     """The first of `count` consecutive loopback ports nothing listens on now
-    (for `--grpc-base-port`); the kernel may hand them out later, so use them soon."""
+    (for `--grpc-base-port`), below the kernel's ephemeral range so that no
+    outgoing connection takes one of them before its service binds it."""
     for _ in range(attempts):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = int(probe.getsockname()[1])
+        first = up_ports.free_port()
         if first + count - 1 > 65535:
             continue
         with contextlib.ExitStack() as held:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import socket
+from services.cli import up_ports
 
 
 def free_port() -> int:
-    """A port nothing listens on now (the kernel may hand it out again later,
-    so bind it soon)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A port nothing listens on now, below the kernel's ephemeral range so
+    that no outgoing connection takes it before the server binds it."""
+    return up_ports.free_port()
