@@ -121,9 +121,11 @@ async def test_a_runner_says_once_that_its_kernel_is_away_and_once_that_it_is_ba
         kernel_args = [KEEL, "kernel", "--address", kernel_address, "--ledger", ledger.target]
         kernel = ChildProcess(kernel_args, env=env)
         runner_args = [KEEL, "runner", "--ledger", ledger.target, "--kernel", kernel_address]
-        runner = ChildProcess([*runner_args, "--metrics-port", str(metrics_port)], env=env)
+        runner: ChildProcess | None = None
         try:
+            # A runner registers with its kernel at start: the kernel first.
             await asyncio.to_thread(kernel.wait_listening)
+            runner = ChildProcess([*runner_args, "--metrics-port", str(metrics_port)], env=env)
             await asyncio.to_thread(runner.wait_listening)
             metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
             await runner.line(lambda line: metrics_url in line)
@@ -140,7 +142,8 @@ async def test_a_runner_says_once_that_its_kernel_is_away_and_once_that_it_is_ba
             back = await runner.line(lambda line: "kernel is back after" in line, DEADLINE_S)
             said = runner.lines[before:]
         finally:
-            runner.kill()
+            if runner is not None:
+                runner.kill()
             kernel.kill()
     output = "\n".join(said)
     assert "Traceback" not in output, output

@@ -179,6 +179,9 @@ def check_ports(ports: Iterable[NamedPort]) -> None:
 _FREE_SPAN = 10_000
 _FREE_TRIES = 100
 _given: set[int] = set()
+# Its own generator: the global one belongs to whoever seeds it (a property
+# test checks that nothing else draws from it while it generates).
+_chooser = random.Random()
 
 
 def free_port() -> int:
@@ -194,7 +197,7 @@ def free_port() -> int:
     if len(_given) > len(span) // 2:
         _given.clear()
     for _ in range(_FREE_TRIES):
-        port = random.choice(span)
+        port = _chooser.choice(span)
         # Not one this process handed out already: its service may not listen yet.
         if port not in _given and _unavailable_reason(INTERNAL_HOST, port) is None:
             _given.add(port)
