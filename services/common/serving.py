@@ -54,6 +54,11 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # A channel's own connections: from gRPC's process-wide pool, a new
+    # channel to an address whose earlier server went away (a restarted
+    # service on the same port) would take over that connection's backoff
+    # and fail at once with its last "connection refused".
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 SERVER_OPTIONS: list[tuple[str, Any]] = [
     # Ping idle peers so a connection that died without a FIN (a crashed
