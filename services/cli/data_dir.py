@@ -25,6 +25,7 @@ import fcntl
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from services.common.config import Settings
@@ -82,18 +83,25 @@ def data_dir_token(data_dir: Path) -> str:
     with contextlib.suppress(FileNotFoundError):
         return _read_token(path)
     token = secrets.token_urlsafe(32)
-    partial = data_dir / f".{TOKEN_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+    try:
+        _write_private(path, token, os.link)
+    except FileExistsError:
+        return _read_token(path)
+    return token
+
+
+def _write_private(path: Path, text: str, publish: Callable[[Path, Path], None]) -> None:
+    """Writes `text` (0600) to a private temporary file beside `path`, then
+    `publish`es it there (os.link: only if none is there; os.replace: over
+    it), so a reader never sees half of it."""
+    partial = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "w", encoding="ascii") as handle:
-            handle.write(token + "\n")
+            handle.write(text + "\n")
             handle.flush()
             os.fsync(handle.fileno())
-        try:
-            os.link(partial, path)
-        except FileExistsError:
-            return _read_token(path)
-        return token
+        publish(partial, path)
     finally:
         partial.unlink(missing_ok=True)
 
@@ -143,14 +151,4 @@ def stored_dev_key(data_dir: Path) -> str:
 def store_dev_key(data_dir: Path, key: str) -> None:
     """Keeps `key` (0600) for the next `keel up` on `data_dir`; written to a
     private temporary file, then renamed over the old one."""
-    path = data_dir / DEV_KEY_FILE
-    partial = data_dir / f".{DEV_KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as handle:
-            handle.write(key + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    _write_private(data_dir / DEV_KEY_FILE, key, os.replace)
