@@ -30,8 +30,8 @@ from services.ledger.client import FactToAppend
 from services.runner.config import RunnerConfig
 from services.runner.fact_fit import fact_bytes, fit_fact
 from services.runner.server import RunnerServer
-from tests.edge.test_fuzz_grpc import error_reason
 from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
+from tests.support.grpc_fuzz import error_reason
 from tests.support.internal_auth import token_metadata
 
 FACT_LIMIT = 4096

@@ -9,199 +9,46 @@ act on with an `ErrorInfo.reason` in its details, never UNKNOWN or INTERNAL
 (a bug's answer). Generation is derandomized and bounded, so every run sends
 the same calls.
 
-The edge serves on the test's event loop; the calls are blocking ones from a
-worker thread, so the loop keeps serving.
+The edge serves on the test's event loop; the driver (tests/support/grpc_fuzz.py)
+runs as a process of its own, whose global `random` nothing else touches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2, status_pb2
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from keel.sessions.v1 import sessions_pb2 as pb
 from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
 from tests.edge.conftest import ADMIN_KEY, Stack
+from tests.support.grpc_fuzz import SERVICE, error_reason, requests_of
 
-# Per RPC and kind of request; KEEL_FUZZ_EXAMPLES raises it for a longer hunt.
-EXAMPLES_PER_RPC = int(os.environ.get("KEEL_FUZZ_EXAMPLES", "40"))
-CALL_TIMEOUT_S = 10.0
-SERVICE = "/keel.sessions.v1.SessionService/"
 AUTH = (("authorization", f"Bearer {ADMIN_KEY}"),)
-# Refusals a client can act on; UNKNOWN and INTERNAL are bugs, UNAVAILABLE
-# would mean a healthy stack fell over.
-ACCEPTABLE = {
-    grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.ALREADY_EXISTS,
-    grpc.StatusCode.OUT_OF_RANGE,
-    grpc.StatusCode.PERMISSION_DENIED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
-_DETAILS_KEY = "grpc-status-details-bin"
-INT64 = st.one_of(
-    st.sampled_from([0, -1, 1, 2, (1 << 63) - 1, -(1 << 63)]),
-    st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1),
-)
-INT32 = st.integers(min_value=-(1 << 31), max_value=(1 << 31) - 1)
-TEXT = st.one_of(
-    st.sampled_from(["", " ", "a" * 129, "a" * 5000, "nl\n", "../x", "a:b", "\x00", "é"]),
-    st.text(max_size=40),
-)
-JSON_TEXT = st.one_of(
-    TEXT,
-    st.sampled_from(["{", "null", "[]", "1", '"x"', "{}", '{"tools": 5}', '{"a":' * 200]),
-    st.recursive(
-        st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
-        max_leaves=8,
-    ).map(json.dumps),
-)
+REPO = Path(__file__).resolve().parents[2]
 
 
-def _session_ids(real: str) -> st.SearchStrategy[str]:
-    return st.one_of(st.just(real), st.just("no-such-session"), TEXT)
-
-
-def requests_of(real: str) -> dict[str, st.SearchStrategy[Any]]:
-    """A strategy of bad (and some good) requests for each RPC."""
-    sid = _session_ids(real)
-    return {
-        "CreateSession": st.builds(pb.CreateSessionRequest, session_id=TEXT),
-        "GetSession": st.builds(pb.GetSessionRequest, session_id=sid),
-        "ListSessions": st.builds(pb.ListSessionsRequest, page_size=INT32, page_token=TEXT),
-        "SendInput": st.builds(
-            pb.SendInputRequest,
-            session_id=sid,
-            text=TEXT,
-            request_id=TEXT,
-            blob_ids=st.lists(TEXT, max_size=3),
-        ),
-        "StreamEvents": st.builds(pb.StreamEventsRequest, session_id=sid, after_seq=INT64),
-        "Cancel": st.builds(pb.CancelRequest, session_id=sid),
-        "Retry": st.builds(pb.RetryRequest, session_id=sid, seq=INT64, request_id=TEXT),
-        "DecideApproval": st.builds(
-            _decision,
-            session_id=sid,
-            tool_call_id=TEXT,
-            approve=st.none() | st.booleans(),
-            note=TEXT,
-        ),
-        "GetContext": st.builds(pb.GetContextRequest, session_id=sid, at_seq=INT64),
-        "GetLoadout": st.just(pb.GetLoadoutRequest()),
-        "PutLoadout": st.builds(
-            pb.PutLoadoutRequest, document_json=JSON_TEXT, expected_revision=INT64
-        ),
-    }
-
-
-def _decision(
-    session_id: str, tool_call_id: str, approve: bool | None, note: str
-) -> pb.DecideApprovalRequest:
-    request = pb.DecideApprovalRequest(session_id=session_id, tool_call_id=tool_call_id, note=note)
-    if approve is not None:
-        request.approve = approve
-    return request
-
-
-def error_reason(error: Any) -> str:
-    """The ErrorInfo reason of a failed call ("" when it has none)."""
-    for key, value in error.trailing_metadata() or ():
-        if key != _DETAILS_KEY:
-            continue
-        for detail in status_pb2.Status.FromString(value).details:
-            info = error_details_pb2.ErrorInfo()
-            if detail.Is(info.DESCRIPTOR) and detail.Unpack(info):
-                reason: str = info.reason
-                return reason
-    return ""
-
-
-def _judge(what: str, error: Any, problems: list[str]) -> None:
-    if error is None:
-        return
-    code = error.code()
-    if code not in ACCEPTABLE or not error_reason(error):
-        details = error.details()
-        problems.append(f"{what}: {code.name} reason={error_reason(error)!r} {details!r:.200}")
-
-
-def _stream(channel: grpc.Channel, request: bytes | Any, raw: bool) -> grpc.RpcError | None:
-    """Opens StreamEvents; an accepted stream (its headers came, no status)
-    is cancelled at once, since it would follow the session forever."""
-    call: Any = channel.unary_stream(
-        SERVICE + "StreamEvents",
-        request_serializer=None if raw else pb.StreamEventsRequest.SerializeToString,
-        response_deserializer=None,
-    )(request, metadata=AUTH, timeout=CALL_TIMEOUT_S)
-    call.initial_metadata()
-    if not call.done():
-        call.cancel()
-        return None
-    try:
-        for _ in call:
-            pass
-    except grpc.RpcError as error:
-        return error if error.code() != grpc.StatusCode.CANCELLED else None
-    return None
-
-
-def _unary(channel: grpc.Channel, rpc: str, request: Any, raw: bool) -> grpc.RpcError | None:
-    serializer = None if raw else request.SerializeToString
-    method = channel.unary_unary(
-        SERVICE + rpc, request_serializer=serializer, response_deserializer=None
+async def _run_driver(address: str, real_session: str) -> list[str]:
+    driver = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.support.grpc_fuzz",
+        address,
+        real_session,
+        ADMIN_KEY,
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
-    try:
-        method(request, metadata=AUTH, timeout=CALL_TIMEOUT_S)
-    except grpc.RpcError as error:
-        return error
-    return None
-
-
-def _call(channel: grpc.Channel, rpc: str, request: bytes | Any) -> grpc.RpcError | None:
-    raw = isinstance(request, bytes)
-    if rpc == "StreamEvents":
-        return _stream(channel, request, raw)
-    return _unary(channel, rpc, request, raw)
-
-
-def _fuzz(rpc: str, strategy: st.SearchStrategy[Any], address: str, problems: list[str]) -> None:
-    with grpc.insecure_channel(address) as channel:
-
-        @settings(
-            max_examples=EXAMPLES_PER_RPC,
-            derandomize=True,
-            database=None,
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-        )
-        @given(request=strategy)
-        def run(request: Any) -> None:
-            _judge(f"{rpc}({request!r:.200})", _call(channel, rpc, request), problems)
-
-        run()
-
-
-def _fuzz_all(address: str, real_session: str) -> list[str]:
-    problems: list[str] = []
-    for rpc, strategy in requests_of(real_session).items():
-        _fuzz(rpc, strategy, address, problems)
-        # Bytes that may not be this request at all: bad wire types, cut
-        # messages, strings that are not UTF-8.
-        raw = st.one_of(
-            st.sampled_from([b"\xff", b"\x0a\x02\xff\xfe", b"\x0a\x05ab", b"\x08\x80\x80\x80"]),
-            st.binary(max_size=64),
-        )
-        _fuzz(rpc, raw, address, problems)
+    out, err = await driver.communicate()
+    assert driver.returncode == 0, err.decode(errors="replace")[-4000:]
+    problems: list[str] = json.loads(out)
     return problems
 
 
@@ -212,7 +59,7 @@ def test_every_rpc_is_covered() -> None:
 
 async def test_bad_messages_get_a_reasoned_refusal_on_every_rpc(stack: Stack) -> None:
     real = await stack.new_session("fuzz-real")
-    problems = await asyncio.to_thread(_fuzz_all, stack.grpc_address, real)
+    problems = await _run_driver(stack.grpc_address, real)
     assert not problems, "\n".join(sorted(set(problems))[:30])
     # Still serving.
     async with grpc.aio.insecure_channel(stack.grpc_address) as channel:
