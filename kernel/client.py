@@ -285,6 +285,25 @@ class KernelClient:
         """`claim`, with the tenant's latest loadout found in the same step
         (no GetLoadout needed); None if nothing came within wait_ms."""
         response, link = await self._claim(runtime_id, wait_ms, with_loadout=True)
+        return await self._claim_of(response, link)
+
+    async def next_wake(self) -> Claim:
+        """The next wake of a session this client keeps in a sticky window
+        (kernel.sticky): its lease is held again, same epoch, and its
+        loadout comes as a claim's does. Wakes queue from the first call."""
+        self._leases.accept_wakes = True
+        while True:
+            response, link = await self._leases.wakes.get()
+            claim = await self._claim_of(response, link)
+            if claim is not None:
+                return claim
+
+    @property
+    def wakes_can_come(self) -> bool:
+        """Lease operations use a LeaseStream: a Finish may ask for a window."""
+        return self._leases.streaming
+
+    async def _claim_of(self, response: pb.ClaimResponse, link: StreamLink | None) -> Claim | None:
         if not response.HasField("lease"):
             return None
         lease = lease_from_pb(response.lease)
@@ -355,9 +374,12 @@ class KernelClient:
         error: str = "",
         kind: FailureKind = FailureKind.RETRYABLE,
         retry_after_ms: int = 0,
+        sticky_ms: int = 0,
     ) -> FinishResult:
         """Settles an attempt; a failed one says its `kind` and the wait
-        the provider asked for (`retry_after_ms`, 0 if it did not say)."""
+        the provider asked for (`retry_after_ms`, 0 if it did not say). A
+        successful one may ask to keep the session for `sticky_ms` (granted
+        only over a LeaseStream: `sticky_until_ms` in the result)."""
         request = pb.FinishRequest(
             session_id=session_id,
             epoch=epoch,
@@ -367,7 +389,11 @@ class KernelClient:
             error=error,
             failure=FAILURE_TO_PB[kind] if failed else pb.FAILURE_KIND_UNSPECIFIED,
             retry_after_ms=max(0, retry_after_ms) if failed else 0,
+            sticky_ms=0 if failed else max(0, sticky_ms),
         )
+        if request.sticky_ms:
+            # A wake may come before anyone asks for it: it waits in the queue.
+            self._leases.accept_wakes = True
         answer, _ = await self._leases.call(pb.LeaseStreamRequest(finish=request))
         return finish_result_from_pb(answer.finish)
 

@@ -89,6 +89,7 @@ def finish_result_to_pb(result: FinishResult) -> pb.FinishResponse:
         parked=result.parked,
         not_before_ms=result.not_before_ms,
         parked_reason=result.parked_reason,
+        sticky_until_ms=result.sticky_until_ms,
     )
 
 
@@ -98,6 +99,7 @@ def finish_result_from_pb(message: pb.FinishResponse) -> FinishResult:
         parked=message.parked,
         not_before_ms=message.not_before_ms,
         parked_reason=message.parked_reason,
+        sticky_until_ms=message.sticky_until_ms,
     )
 
 

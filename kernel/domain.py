@@ -11,11 +11,20 @@ Lease states::
 
     free ──claim──▶ held ──release──▶ released ──claim──▶ held …
                      │  ──finish───▶ finished (──enqueue, claim──▶ held)
+                     │  ──finish (sticky)──▶ sticky ──enqueue (wake)──▶ held, same epoch
+                     │                         └──window over, drain, no wake──▶ released
                      └──ttl / disconnect──▶ expired ──claim (reclaimed)──▶ held
 
 A held lease occupies one admission slot of its tenant; every way out of
 `held` returns it. Epochs only grow: each claim issues `epoch + 1`, and the
 epoch is kept across release, finish and expiry.
+
+Sticky: a runner that finished a turn keeps the session for a window. Its
+next input wakes that runner with the same epoch (no claim, no new fence):
+the epoch is still the newest, so the ledger's fence stands as it was. An
+idle sticky session holds no slot (a wake takes one) and is not live: any
+other way in (a claim once the window is over or the wake could not be
+sent) issues `epoch + 1` as always, which fences the old holder off.
 """
 
 from __future__ import annotations
@@ -61,6 +70,8 @@ class LeaseState(StrEnum):
     RELEASED = "released"
     FINISHED = "finished"
     EXPIRED = "expired"
+    # Finished, kept by its runner for a window (`expires_at_ms` ends it).
+    STICKY = "sticky"
 
 
 class ExpiredBy(StrEnum):
@@ -99,6 +110,8 @@ class FinishResult:
     not_before_ms: int
     # Why the session was parked ("" unless parked).
     parked_reason: str = ""
+    # The end of the sticky window granted (0: none).
+    sticky_until_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -156,6 +169,10 @@ class SessionRecord:
             and not self.live(now_ms)
         )
 
+    def sticky(self, now_ms: int) -> bool:
+        """Its runner keeps it: the next input wakes that runner."""
+        return self.state is LeaseState.STICKY and self.expires_at_ms > now_ms
+
     def lease(self, reclaimed: bool = False) -> Lease:
         return Lease(
             session_id=self.session_id,
@@ -194,6 +211,7 @@ class Event(StrEnum):
     EXPIRE_TTL = "expire_ttl"
     EXPIRE_DISCONNECT = "expire_disconnect"
     ENQUEUE = "enqueue"
+    WAKE = "wake"
 
 
 @dataclass(frozen=True)
@@ -321,8 +339,42 @@ def renew(
     return Transition(record, updated, event=Event.RENEW)
 
 
+def wake(record: SessionRecord, now_ms: int, ttl_ms: int) -> Transition:
+    """A sticky session's input arrived: its holder holds the lease again,
+    same epoch and attempt, with a slot (the caller took it)."""
+    if not record.sticky(now_ms) or record.parked:
+        raise LeaseLost(f"session {record.session_id!r} is not sticky", state=record.state)
+    updated = replace(
+        record,
+        state=LeaseState.HELD,
+        expires_at_ms=now_ms + ttl_ms,
+        claimed_at_ms=now_ms,
+        expired_by="",
+    )
+    waited = max(0, now_ms - record.queued_at_ms)
+    return Transition(record, updated, slot_delta=1, event=Event.WAKE, duration_ms=waited)
+
+
+def end_sticky(record: SessionRecord, now_ms: int) -> Transition:
+    """The sticky window ends (over, drained, or its input could not wake
+    the holder): the session is free like a released one."""
+    if record.state is not LeaseState.STICKY:
+        return unchanged(record)
+    updated = replace(
+        record, state=LeaseState.RELEASED, expires_at_ms=min(record.expires_at_ms, now_ms)
+    )
+    return Transition(record, updated)
+
+
 def release(record: SessionRecord, epoch: int, runtime_id: str, now_ms: int) -> Transition:
     """Hands the lease back: slot returned, session claimable at once if owed."""
+    if (
+        record.state is LeaseState.STICKY
+        and record.epoch == epoch
+        and record.runtime_id == runtime_id
+    ):
+        # The holder lets a sticky session go before its window is over.
+        return end_sticky(record, now_ms)
     already = (
         record.state is LeaseState.RELEASED
         and record.epoch == epoch
@@ -354,11 +406,14 @@ def finish(
     *,
     kind: FailureKind = FailureKind.RETRYABLE,
     retry_after_ms: int = 0,
+    sticky_ms: int = 0,
 ) -> tuple[Transition, FinishResult]:
     """Settles an attempt.
 
     Success clears the failure counts; the session leaves the queue unless an
-    input newer than `read_through` was announced. A failure of `kind` is
+    input newer than `read_through` was announced. With `sticky_ms` and
+    nothing newer, the holder keeps the session for that long (`sticky`): its
+    slot returns, its epoch stays, and the next input wakes it. A failure of `kind` is
     retried or parks the session by the rules of `kernel.retries` (a
     provider's `retry_after_ms` delays the next attempt); parked, the
     record's `last_error` says why.
@@ -378,6 +433,9 @@ def finish(
             queued_at_ms=now_ms if newer else record.queued_at_ms,
         )
         result = FinishResult(requeued=newer, parked=False, not_before_ms=0)
+        if sticky_ms > 0 and not newer:
+            updated = replace(updated, state=LeaseState.STICKY, expires_at_ms=now_ms + sticky_ms)
+            result = replace(result, sticky_until_ms=now_ms + sticky_ms)
         event = Event.FINISH_DONE
     else:
         outcome = settle_failure(

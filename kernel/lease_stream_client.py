@@ -9,6 +9,11 @@ stream fails, every operation still unanswered raises `StreamBroken` (a
 call that failed UNAVAILABLE), and the next operation opens a new stream,
 which the channel may place on another kernel replica.
 
+Wakes: the kernel sends an unasked `wake` (id 0) for a session this client
+keeps in a sticky window. They queue in `wakes` once `accept_wakes` is set
+(a runner that asks for windows reads them); without, a wake's lease is
+released at once, as an unwanted claim's.
+
 A caller that stops waiting (cancelled, or past its deadline) withdraws its
 request. A claim answered with a lease nobody waits for any more (the
 withdrawal came too late) is released at once, as the kernel does for a
@@ -42,13 +47,17 @@ class StreamLink:
     """One LeaseStream call and the operations waiting on it."""
 
     def __init__(
-        self, stub: pb_grpc.KernelServiceAsyncStub, on_orphan: Callable[[pb.Lease], None]
+        self,
+        stub: pb_grpc.KernelServiceAsyncStub,
+        on_orphan: Callable[[pb.Lease], None],
+        on_wake: Callable[[pb.ClaimResponse, StreamLink], None],
     ) -> None:
         self._outbox: asyncio.Queue[pb.LeaseStreamRequest | None] = asyncio.Queue()
         self._waiting: dict[int, asyncio.Future[pb.LeaseStreamResponse]] = {}
         # tenant -> (revision, document JSON) of the loadout this stream sent last.
         self.loadouts: dict[str, tuple[int, str]] = {}
         self._on_orphan = on_orphan
+        self._on_wake = on_wake
         self.broken = False
         self._call = stub.LeaseStream(self._requests())
         self._reader = asyncio.get_running_loop().create_task(
@@ -95,12 +104,16 @@ class StreamLink:
                     answered.set_exception(type(failure)(failure.message, **failure.metadata))
 
     def _deliver(self, answer: pb.LeaseStreamResponse) -> None:
-        claimed = answer.claim if answer.WhichOneof("outcome") == "claim" else None
+        outcome = answer.WhichOneof("outcome")
+        claimed = getattr(answer, outcome) if outcome in ("claim", "wake") else None
         if claimed is not None and claimed.loadout.document_json:
             # Kept even from an answer nobody waits for: a later answer that
             # leaves this document out refers to it.
             loadout = claimed.loadout
             self.loadouts[claimed.lease.tenant_id] = (loadout.revision, loadout.document_json)
+        if outcome == "wake":
+            self._on_wake(answer.wake, self)
+            return
         answered = self._waiting.pop(answer.id, None)
         if answered is not None and not answered.done():
             answered.set_result(answer)
@@ -144,12 +157,27 @@ class LeaseStreamClient:
         self._ids = itertools.count(1)
         self._releasing: set[asyncio.Task[None]] = set()
         self.unary_only = False
+        self.accept_wakes = False
+        self.wakes: asyncio.Queue[tuple[pb.ClaimResponse, StreamLink]] = asyncio.Queue()
 
     def _current(self) -> StreamLink:
         link = self._link
         if link is None or link.broken:
-            link = self._link = StreamLink(self._stub, self._release_orphan)
+            link = self._link = StreamLink(self._stub, self._release_orphan, self._woken)
         return link
+
+    @property
+    def streaming(self) -> bool:
+        """Lease operations go over a stream that is up (a wake can come)."""
+        return not self.unary_only and self._link is not None and not self._link.broken
+
+    def _woken(self, wake: pb.ClaimResponse, link: StreamLink) -> None:
+        if not wake.HasField("lease"):
+            return
+        if self.accept_wakes:
+            self.wakes.put_nowait((wake, link))
+        else:
+            self._release_orphan(wake.lease)
 
     async def call(
         self, request: pb.LeaseStreamRequest, timeout_s: float | None = None

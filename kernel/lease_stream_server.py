@@ -49,7 +49,9 @@ class LeaseOps(Protocol):
 
     async def renew(self, request: pb.RenewRequest) -> pb.RenewResponse: ...
 
-    async def finish(self, request: pb.FinishRequest) -> pb.FinishResponse: ...
+    async def finish(
+        self, request: pb.FinishRequest, stream: LeaseStreamSession | None = None
+    ) -> pb.FinishResponse: ...
 
     async def release(self, request: pb.ReleaseRequest) -> pb.ReleaseResponse: ...
 
@@ -69,6 +71,7 @@ class LeaseStreamSession:
         self._answers: asyncio.Queue[pb.LeaseStreamResponse | None] = asyncio.Queue()
         self._working: dict[int, asyncio.Task[None]] = {}
         self._sent_loadouts: dict[str, int] = {}
+        self._over = False
 
     async def serve(
         self, requests: AsyncIterator[pb.LeaseStreamRequest], end: asyncio.Event
@@ -82,6 +85,7 @@ class LeaseStreamSession:
         finally:
             # The client is gone (or the server stops): a claim still
             # waiting is cancelled, which hands back a lease it took.
+            self._over = True
             running.cancel()
             for task in list(self._working.values()):
                 task.cancel()
@@ -105,6 +109,7 @@ class LeaseStreamSession:
             if working:
                 await asyncio.wait(working)
         finally:
+            self._over = True
             self._answers.put_nowait(None)
 
     async def _read(self, requests: AsyncIterator[pb.LeaseStreamRequest]) -> None:
@@ -128,8 +133,18 @@ class LeaseStreamSession:
         self._working[request.id] = task
         task.add_done_callback(lambda _: self._working.pop(request.id, None))
 
-    def _known(self, tenant_id: str, revision: int) -> bool:
+    def known(self, tenant_id: str, revision: int) -> bool:
         return self._sent_loadouts.get(tenant_id) == revision
+
+    def send_wake(self, wake: pb.ClaimResponse) -> bool:
+        """Queues an unasked wake (id 0) for a sticky session of this
+        stream's runner; False once the stream is over."""
+        if self._over:
+            return False
+        if wake.HasField("loadout") and wake.loadout.document_json:
+            self._sent_loadouts[wake.lease.tenant_id] = wake.loadout.revision
+        self._answers.put_nowait(pb.LeaseStreamResponse(id=0, wake=wake))
+        return True
 
     async def _answer(self, request: pb.LeaseStreamRequest, kind: str) -> None:
         if request.traceparent and tracing.enabled():
@@ -149,8 +164,8 @@ class LeaseStreamSession:
     async def _decide(self, request: pb.LeaseStreamRequest, kind: str) -> None:
         try:
             if kind == "claim":
-                claimed = await self._ops.claim(request.claim, self._known)
-                if claimed.HasField("loadout"):
+                claimed = await self._ops.claim(request.claim, self.known)
+                if claimed.HasField("loadout") and claimed.loadout.document_json:
                     # No await between this and the queueing below.
                     self._sent_loadouts[claimed.lease.tenant_id] = claimed.loadout.revision
                 answer = pb.LeaseStreamResponse(id=request.id, claim=claimed)
@@ -158,7 +173,7 @@ class LeaseStreamSession:
                 renewed = await self._ops.renew(request.renew)
                 answer = pb.LeaseStreamResponse(id=request.id, renew=renewed)
             elif kind == "finish":
-                finished = await self._ops.finish(request.finish)
+                finished = await self._ops.finish(request.finish, self)
                 answer = pb.LeaseStreamResponse(id=request.id, finish=finished)
             else:
                 released = await self._ops.release(request.release)

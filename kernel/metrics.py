@@ -46,6 +46,11 @@ _admission_rejections = _meter.create_counter(
     "free run slot (max concurrent runs)",
 )
 _releases = _meter.create_counter("keel.kernel.releases", description="leases handed back")
+_wakes = _meter.create_counter(
+    "keel.kernel.wakes",
+    description="inputs sent straight to the runner keeping their session in a sticky "
+    "window: the lease held again with the same epoch, no claim",
+)
 _expirations = _meter.create_counter(
     "keel.kernel.expirations", description="leases expired, by cause (ttl, disconnect)"
 )
@@ -79,6 +84,7 @@ def prime() -> None:
     show_from_start(_METER, _QUEUE_WAIT)
     _claims.add(0)
     _releases.add(0)
+    _wakes.add(0)
     _admission_rejections.add(0)
     for cause in ("ttl", "disconnect"):
         _reclaims.add(0, {"expired_by": cause})
@@ -141,6 +147,10 @@ class KernelMetrics:
                 lost_for = transition.record.claimed_at_ms - transition.before.expires_at_ms
                 _takeover.record(max(0, lost_for), expired_by)
                 names.append("reclaims")
+        elif event is Event.WAKE:
+            _wakes.add(1)
+            _queue_wait.record(transition.duration_ms)
+            names.append("wakes")
         elif event in _ENDINGS:
             kind, attributes = _ENDINGS[event]
             _lease_age.record(transition.duration_ms, {"ended_by": event.value})

@@ -44,6 +44,7 @@ from kernel.lease_stream_server import KnownLoadout, LeaseStreamSession
 from kernel.loadout_secrets import check_loadout_secrets
 from kernel.registry import Registration, RegistryStore
 from kernel.revocations import RevocationFeed
+from kernel.sticky import WakeRoutes, WakeTarget, granted_ms
 from kernel.store import Claimed, LeaseStore
 from kernel.tenancy import TenantStore, parse_document
 from kernel.waker import ClaimWaker
@@ -120,6 +121,8 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         # Set on drain: LeaseStreams answer what they have read, then end.
         self._streams_end = asyncio.Event()
         self._enqueues = ThreadPoolExecutor(ENQUEUE_THREADS, thread_name_prefix="keel-enqueue")
+        # Runners keeping sticky sessions, by the LeaseStream that reaches them.
+        self.wake_routes = WakeRoutes()
 
     async def drain(self) -> None:
         self._attachments.drain()
@@ -172,8 +175,11 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         if mode is None:
             raise InvalidArgument("mode must be NONE, HANDOFF or SHUTDOWN", field="mode")
         await asyncio.to_thread(self._registry.set_drain, runtime_id, mode)
-        if mode is DrainMode.NONE:
-            self._waker.wake()
+        if mode is not DrainMode.NONE:
+            # A draining runner keeps nothing: its sessions' next inputs are
+            # claimed by the others at once (and it is granted no window).
+            await asyncio.to_thread(self._leases.end_sticky, runtime_id=runtime_id)
+        self._waker.wake()
         return pb.SetDrainResponse()
 
     @unary_errors
@@ -337,7 +343,15 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
     async def Finish(self, request: pb.FinishRequest, context: Context) -> pb.FinishResponse:
         return await self.finish(request)
 
-    async def finish(self, request: pb.FinishRequest) -> pb.FinishResponse:
+    async def finish(
+        self, request: pb.FinishRequest, stream: WakeTarget | None = None
+    ) -> pb.FinishResponse:
+        """A sticky window is granted only to a Finish on a LeaseStream
+        (`stream`): that is the way its wake will take."""
+        sticky_ms = 0
+        if stream is not None and request.sticky_ms > 0:
+            sticky_ms = granted_ms(request.sticky_ms)
+            self.wake_routes.bind(check_id(request.runtime_id, "runtime_id"), stream)
         result = await asyncio.to_thread(
             self._leases.finish,
             check_id(request.session_id, "session_id"),
@@ -348,6 +362,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
             request.error[:MAX_TEXT],
             FAILURE_FROM_PB.get(request.failure, FailureKind.RETRYABLE),
             _non_negative(request.retry_after_ms, "retry_after_ms"),
+            sticky_ms,
         )
         return finish_result_to_pb(result)
 
@@ -356,8 +371,12 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
     ) -> AsyncIterator[pb.LeaseStreamResponse]:
         # Refusals are answers on the stream (kernel.lease_stream_server),
         # never the stream's status: one bad request ends nothing else.
-        async for answer in LeaseStreamSession(self).serve(requests, self._streams_end):
-            yield answer
+        stream = LeaseStreamSession(self)
+        try:
+            async for answer in stream.serve(requests, self._streams_end):
+                yield answer
+        finally:
+            self.wake_routes.unbind(stream)
 
     @unary_errors
     async def Enqueue(self, request: pb.EnqueueRequest, context: Context) -> pb.EnqueueResponse:
@@ -370,11 +389,31 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
             check_id(request.tenant_id, "tenant_id"),
             _non_negative(request.input_seq, "input_seq"),
             request.unpark,
+            self.wake_routes.reachable,
         )
         # In the caller's context, as asyncio.to_thread would run it (its span).
         run = functools.partial(contextvars.copy_context().run, enqueue)
-        await asyncio.get_running_loop().run_in_executor(self._enqueues, run)
+        woken = await asyncio.get_running_loop().run_in_executor(self._enqueues, run)
+        if woken is not None:
+            # Shielded: a caller that leaves now must not strand the woken
+            # lease until its TTL (it is sent, or released).
+            await asyncio.shield(self._send_wake(woken))
         return pb.EnqueueResponse()
+
+    async def _send_wake(self, woken: Claimed) -> None:
+        """Sends a woken lease to its holder's stream; one that ended since
+        is handed back at once (anyone may claim the session then)."""
+        lease = woken.lease
+        route = self.wake_routes.get(lease.runtime_id)
+        if route is not None:
+            wake = await self._claimed(woken, route.known)
+            if route.send_wake(wake):
+                return
+        log.info("wake of %s found no stream of %s: released", lease.session_id, lease.runtime_id)
+        await asyncio.to_thread(
+            self._leases.release, lease.session_id, lease.epoch, lease.runtime_id
+        )
+        self._waker.wake()
 
     @unary_errors
     async def GetLease(self, request: pb.GetLeaseRequest, context: Context) -> pb.GetLeaseResponse:
@@ -429,6 +468,9 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         check_loadout_secrets(document, tenant_id, self._secrets)
         expected = _non_negative(request.expected_revision, "expected_revision")
         revision = await asyncio.to_thread(self._tenants.put_loadout, tenant_id, document, expected)
+        # A runner keeping a session runs the loadout it had: the next input
+        # is claimed afresh, with this revision.
+        await asyncio.to_thread(self._leases.end_sticky, tenant_id=tenant_id)
         # A raised admission limit may let waiting sessions run now.
         self._waker.wake()
         return pb.PutLoadoutResponse(revision=revision)

@@ -106,6 +106,11 @@ class Claimed:
     loadout_revision: int | None = None
 
 
+def _draining(tx: Tx, runtime_id: str) -> bool:
+    row = tx.one("SELECT drain_mode FROM runtime_instances WHERE runtime_id = %s", (runtime_id,))
+    return row is not None and row[0] != domain.DrainMode.NONE
+
+
 def _latest_revision(tx: Tx, tenant_id: str) -> int | None:
     # One round trip inside the claim's transaction; the primary key
     # (tenant_id, revision) answers the MAX from its index.
@@ -176,10 +181,22 @@ class LeaseStore:
 
     # -- the queue --
 
-    def enqueue(self, session_id: str, tenant_id: str, input_seq: int, unpark: bool) -> None:
+    def enqueue(
+        self,
+        session_id: str,
+        tenant_id: str,
+        input_seq: int,
+        unpark: bool,
+        can_wake: Callable[[str], bool] | None = None,
+    ) -> Claimed | None:
+        """Marks the session as owing work. A session in its sticky window
+        whose holder `can_wake` (a LeaseStream of it is here) and whose tenant
+        has a free slot is held again by that holder, same epoch: returned, so
+        the caller sends it the wake. Otherwise the window ends and the
+        session waits for a claim like any other."""
         done: list[Transition] = []
 
-        def work(tx: Tx) -> None:
+        def work(tx: Tx) -> Claimed | None:
             done.clear()  # a transaction redone after a lost race starts over
             now = self._clock()
             record = self._load(tx, session_id)
@@ -195,11 +212,24 @@ class LeaseStore:
                 raise InvalidArgument(
                     f"session {session_id!r} belongs to another tenant", field="tenant_id"
                 )
-            self._apply(tx, domain.enqueue(record, input_seq, unpark, now), done)
+            queued = domain.enqueue(record, input_seq, unpark, now)
+            self._apply(tx, queued, done)
             admission.ensure_counter(tx, tenant_id)
+            record = queued.record
+            if record.state is not LeaseState.STICKY:
+                return None
+            wakeable = record.sticky(now) and can_wake is not None and can_wake(record.runtime_id)
+            # The slot is taken last: a full tenant ends the window instead.
+            if wakeable and admission.take(tx, tenant_id):
+                woken = domain.wake(record, now, self.lease_ms)
+                self._apply(tx, woken, done, slots=False)
+                return Claimed(woken.record.lease(), _latest_revision(tx, tenant_id))
+            self._apply(tx, domain.end_sticky(record, now), done)
+            return None
 
-        self._db.run(work)
+        woken = self._db.run(work)
         self._committed(done)
+        return woken
 
     def claim(self, runtime_id: str) -> Lease | None:
         """The oldest claimable session whose tenant has a free slot, or None."""
@@ -303,6 +333,7 @@ class LeaseStore:
         session_id: str,
         decide: Callable[[SessionRecord, int], tuple[Transition, R]],
         also: Callable[[Tx, Transition, int], None] | None = None,
+        before: Callable[[Tx], None] | None = None,
     ) -> R:
         """Loads the session, expires its lease if past TTL, then `decide`s;
         `also` writes more in the same transaction once the decision holds."""
@@ -310,6 +341,8 @@ class LeaseStore:
 
         def work(tx: Tx) -> R | _Refused:
             done.clear()
+            if before is not None:
+                before(tx)
             now = self._clock()
             record = self._load(tx, session_id)
             if record is None:
@@ -363,7 +396,12 @@ class LeaseStore:
         error: str = "",
         kind: FailureKind = FailureKind.RETRYABLE,
         retry_after_ms: int = 0,
+        sticky_ms: int = 0,
     ) -> FinishResult:
+        """Settles an attempt; `sticky_ms` asks to keep the session for that
+        long (not granted to a draining runtime)."""
+        sticky = [sticky_ms]
+
         def decide(record: SessionRecord, now: int) -> tuple[Transition, FinishResult]:
             return domain.finish(
                 record,
@@ -376,9 +414,14 @@ class LeaseStore:
                 self.policy,
                 kind=kind,
                 retry_after_ms=retry_after_ms,
+                sticky_ms=sticky[0],
             )
 
-        return self._on_lease(session_id, decide)
+        def before(tx: Tx) -> None:
+            if sticky_ms > 0 and _draining(tx, runtime_id):
+                sticky[0] = 0
+
+        return self._on_lease(session_id, decide, before=before)
 
     # -- expiry --
 
@@ -422,6 +465,26 @@ class LeaseStore:
             )
             transitions = [domain.expire_for_disconnect(_record(r), now) for r in rows]
             self._apply_all(tx, transitions, done)
+
+        self._db.run(work)
+        self._committed(done)
+        return [t.record.session_id for t in done]
+
+    def end_sticky(self, runtime_id: str = "", tenant_id: str = "") -> list[str]:
+        """Ends the sticky windows of a runtime (it drains) or of a tenant
+        (its loadout changed): their next inputs are claimed, by anyone."""
+        done: list[Transition] = []
+        column, value = ("runtime_id", runtime_id) if runtime_id else ("tenant_id", tenant_id)
+
+        def work(tx: Tx) -> None:
+            done.clear()
+            now = self._clock()
+            rows = tx.rows(
+                f"{_SELECT} WHERE s.{column} = %s AND s.state = 'sticky' "
+                "ORDER BY s.session_id {lock}",
+                (value,),
+            )
+            self._apply_all(tx, [domain.end_sticky(_record(r), now) for r in rows], done)
 
         self._db.run(work)
         self._committed(done)

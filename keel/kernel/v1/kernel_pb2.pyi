@@ -467,6 +467,7 @@ class LeaseStreamResponse(_message.Message):
     FINISH_FIELD_NUMBER: _builtins.int
     RELEASE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    WAKE_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """The id of the request answered."""
     @_builtins.property
@@ -479,6 +480,13 @@ class LeaseStreamResponse(_message.Message):
     def release(self) -> Global___ReleaseResponse: ...
     @_builtins.property
     def error(self) -> Global___LeaseStreamError: ...
+    @_builtins.property
+    def wake(self) -> Global___ClaimResponse:
+        """Unasked (id 0): an input arrived for a session this runner keeps in
+        a sticky window. The lease is held again, same epoch, and its slot
+        taken; the runner runs it (or releases it) like a claimed one.
+        """
+
     def __init__(
         self,
         *,
@@ -488,12 +496,13 @@ class LeaseStreamResponse(_message.Message):
         finish: Global___FinishResponse | None = ...,
         release: Global___ReleaseResponse | None = ...,
         error: Global___LeaseStreamError | None = ...,
+        wake: Global___ClaimResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["claim", b"claim", "error", b"error", "finish", b"finish", "outcome", b"outcome", "release", b"release", "renew", b"renew"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["claim", b"claim", "error", b"error", "finish", b"finish", "outcome", b"outcome", "release", b"release", "renew", b"renew", "wake", b"wake"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim", b"claim", "error", b"error", "finish", b"finish", "id", b"id", "outcome", b"outcome", "release", b"release", "renew", b"renew"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim", b"claim", "error", b"error", "finish", b"finish", "id", b"id", "outcome", b"outcome", "release", b"release", "renew", b"renew", "wake", b"wake"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["claim", "renew", "finish", "release", "error"]  # noqa: Y015
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["claim", "renew", "finish", "release", "error", "wake"]  # noqa: Y015
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
 
@@ -630,6 +639,7 @@ class FinishRequest(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_MS_FIELD_NUMBER: _builtins.int
+    STICKY_MS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     epoch: _builtins.int
     runtime_id: _builtins.str
@@ -642,6 +652,12 @@ class FinishRequest(_message.Message):
     """How long the provider asked to wait (its retry-after); the next attempt
     starts no earlier, within the kernel's cap. 0: it did not say.
     """
+    sticky_ms: _builtins.int
+    """Keep the session for this long after a successful finish (a sticky
+    window): the kernel then sends the session's next input to this
+    runner's LeaseStream as a wake, with the same epoch, instead of queueing
+    a claim. Granted only on a LeaseStream; 0 asks for none.
+    """
     def __init__(
         self,
         *,
@@ -653,10 +669,11 @@ class FinishRequest(_message.Message):
         error: _builtins.str = ...,
         failure: Global___FailureKind.ValueType = ...,
         retry_after_ms: _builtins.int = ...,
+        sticky_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "error", b"error", "failure", b"failure", "outcome", b"outcome", "read_through", b"read_through", "retry_after_ms", b"retry_after_ms", "runtime_id", b"runtime_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "error", b"error", "failure", b"failure", "outcome", b"outcome", "read_through", b"read_through", "retry_after_ms", b"retry_after_ms", "runtime_id", b"runtime_id", "session_id", b"session_id", "sticky_ms", b"sticky_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -670,12 +687,15 @@ class FinishResponse(_message.Message):
     PARKED_FIELD_NUMBER: _builtins.int
     NOT_BEFORE_MS_FIELD_NUMBER: _builtins.int
     PARKED_REASON_FIELD_NUMBER: _builtins.int
+    STICKY_UNTIL_MS_FIELD_NUMBER: _builtins.int
     requeued: _builtins.bool
     parked: _builtins.bool
     not_before_ms: _builtins.int
     """When requeued after a failure: not claimable before this time."""
     parked_reason: _builtins.str
     """Why the session was parked ("" unless parked)."""
+    sticky_until_ms: _builtins.int
+    """The end of the sticky window granted (0: none; the session is free)."""
     def __init__(
         self,
         *,
@@ -683,10 +703,11 @@ class FinishResponse(_message.Message):
         parked: _builtins.bool = ...,
         not_before_ms: _builtins.int = ...,
         parked_reason: _builtins.str = ...,
+        sticky_until_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["not_before_ms", b"not_before_ms", "parked", b"parked", "parked_reason", b"parked_reason", "requeued", b"requeued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["not_before_ms", b"not_before_ms", "parked", b"parked", "parked_reason", b"parked_reason", "requeued", b"requeued", "sticky_until_ms", b"sticky_until_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
