@@ -108,12 +108,23 @@ class CompactionClient:
         )
 
     async def compact(
-        self, session_id: str, epoch: int, reason: str = "manual", instructions: str = ""
+        self,
+        session_id: str,
+        epoch: int,
+        reason: str = "manual",
+        instructions: str = "",
+        watermark: int = 0,
     ) -> CompactResult:
         """Summarizes and commits under `epoch` (raises StaleEpoch when a newer
-        attempt owns the session). `reason`: threshold, overflow or manual."""
+        attempt owns the session). `reason`: threshold, overflow or manual.
+        `watermark`: the caller's, when its epoch's epoch_started is an
+        earlier turn's (a woken sticky session); 0 leaves it to that fact."""
         request = pb.CompactRequest(
-            session_id=session_id, epoch=epoch, reason=reason, instructions=instructions
+            session_id=session_id,
+            epoch=epoch,
+            reason=reason,
+            instructions=instructions,
+            watermark=watermark,
         )
         response = await unary(self._stub.Compact(request), CompactionError)
         return CompactResult(

@@ -92,9 +92,13 @@ DEFAULT_CONTEXT_WINDOW = 128_000
 
 
 def current_watermark(facts: Sequence[CommittedFact]) -> int | None:
-    """The read watermark of the session's latest epoch (None before any)."""
+    """The read watermark of the session's latest turn (None before any):
+    its epoch_started's, or the one a later turn of a sticky session wrote
+    on its answer or compaction."""
     for fact in reversed(facts):
         if fact.kind == EPOCH_STARTED:
+            return int(fact.data["watermark"])
+        if fact.kind in (ASSISTANT, COMPACTION) and fact.data.get("watermark") is not None:
             return int(fact.data["watermark"])
     return None
 
@@ -123,7 +127,14 @@ def answering_epoch(facts: Sequence[CommittedFact], context_head_seq: int) -> Co
 def answer_watermark(facts: Sequence[CommittedFact], context_head_seq: int) -> int | None:
     """The watermark of the request built at `context_head_seq`, if an answer
     to it was committed; else None: a request built now from everything up to
-    that point reads every input."""
+    that point reads every input. An answer of a sticky session's later turn
+    says its own (its epoch's epoch_started is an earlier turn's)."""
+    generation = f"gen-{context_head_seq}"
+    for fact in facts:
+        if fact.kind == ASSISTANT and fact.data.get("generationId") == generation:
+            if fact.data.get("watermark") is not None:
+                return int(fact.data["watermark"])
+            break
     epoch = answering_epoch(facts, context_head_seq)
     return None if epoch is None else int(epoch.data["watermark"])
 
@@ -305,7 +316,11 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
         if not settings.enabled and reason != "manual":
             return pb.CompactResponse(skipped_reason="compaction is disabled for this tenant")
         facts = await self._ledger.read_all(session_id)
-        watermark = current_watermark(facts)
+        if request.watermark < 0:
+            raise InvalidArgument(
+                f"watermark must be >= 0, got {request.watermark}", field="watermark"
+            )
+        watermark = request.watermark or current_watermark(facts)
         blob_parts = await self._blob_parts(view.tenant_id, facts, watermark)
         entries = to_entries(context_entries(facts, watermark, blob_parts))
         preparation = prepare(entries, settings)
@@ -346,6 +361,10 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
             "reason": reason,
             "isSplitTurn": preparation.is_split_turn,
         }
+        if request.watermark:
+            # Where the inputs it read go in the transcript (see
+            # compaction.transcript): its epoch_started is an earlier turn's.
+            data["watermark"] = request.watermark
         try:
             appended = await self._ledger.append_one(session_id, COMPACTION, data, request.epoch)
         except LedgerStaleEpoch as error:
@@ -393,7 +412,7 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
         # The request built at at_seq is known exactly once answered: the
         # answering epoch fixed the inputs it read and the loadout it used.
         epoch = answering_epoch(facts, at_seq)
-        watermark = None if epoch is None else int(epoch.data["watermark"])
+        watermark = answer_watermark(facts, at_seq)
         pinned = None if epoch is None else epoch.data.get("loadoutRevision")
         loadout = await self._loadout(view.tenant_id, pinned)
         blob_parts = await self._blob_parts(view.tenant_id, upto, watermark)

@@ -226,6 +226,8 @@ def placed_context(facts: Sequence[CommittedFact], watermark: int | None = None)
         elif fact.kind == EPOCH_STARTED:
             epoch_watermark = int(fact.data.get("watermark", 0))
         elif fact.kind == ASSISTANT:
+            # A later turn of a sticky session says its own watermark.
+            epoch_watermark = _declared_watermark(fact, epoch_watermark)
             if not waiting:
                 place_inputs_up_to(epoch_watermark)
             for call in fact.data.get("toolCalls") or ():
@@ -238,6 +240,7 @@ def placed_context(facts: Sequence[CommittedFact], watermark: int | None = None)
             place(Placed(fact, tool_name=names.get(call_id, "")))
             waiting.discard(call_id)
         elif fact.kind == COMPACTION:
+            epoch_watermark = _declared_watermark(fact, epoch_watermark)
             if not waiting:
                 place_inputs_up_to(epoch_watermark)
             first_kept = position_of_seq.get(int(fact.data["firstKept"]), len(entries))
@@ -245,6 +248,11 @@ def placed_context(facts: Sequence[CommittedFact], watermark: int | None = None)
     # What the next request presents after the history: every input it reads.
     place_inputs_up_to(None)
     return entries
+
+
+def _declared_watermark(fact: CommittedFact, current: int) -> int:
+    declared = fact.data.get("watermark")
+    return current if declared is None else int(declared)
 
 
 def entry_of(placed: Placed, blob_parts: BlobParts | None = None) -> dict[str, Any]:

@@ -83,6 +83,9 @@ class AssistantData(FactData, frozen=True):
     content: list[Any] | None = None
     tool_calls: list[ToolCallData] | None = None
     input_seqs: list[PositiveInt] | None = None
+    # The inputs read, when its epoch's epoch_started is an earlier turn's
+    # (a sticky session woken with the epoch it kept).
+    watermark: NonNegativeInt | None = None
 
     def __post_init__(self) -> None:
         check_id(self.generation_id, "generationId")
@@ -126,6 +129,8 @@ class ApprovalData(FactData, frozen=True):
 class CompactionData(FactData, frozen=True):
     summary: str
     first_kept: PositiveInt
+    # As AssistantData.watermark: the inputs read, from a later sticky turn.
+    watermark: NonNegativeInt | None = None
 
 
 class AttemptFailedData(FactData, frozen=True):

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#keel/compaction/v1/compaction.proto\x12\x12keel.compaction.v1\"!\n\x0bPlanRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xe7\x01\n\x0cPlanResponse\x12\x16\n\x0eshould_compact\x18\x01 \x01(\x08\x12\x13\n\x0b\x63\x61n_compact\x18\x02 \x01(\x08\x12\x16\n\x0e\x66irst_kept_seq\x18\x03 \x01(\x03\x12\x1b\n\x13summarized_from_seq\x18\x04 \x01(\x03\x12\x19\n\x11summarized_to_seq\x18\x05 \x01(\x03\x12\x15\n\ris_split_turn\x18\x06 \x01(\x08\x12\x15\n\rtokens_before\x18\x07 \x01(\x03\x12\x14\n\x0ctokens_after\x18\x08 \x01(\x03\x12\x16\n\x0e\x63ontext_window\x18\t \x01(\x03\"Y\n\x0e\x43ompactRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x14\n\x0cinstructions\x18\x04 \x01(\t\"\x87\x01\n\x0f\x43ompactResponse\x12\x11\n\tcompacted\x18\x01 \x01(\x08\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x15\n\rtokens_before\x18\x04 \x01(\x03\x12\x14\n\x0ctokens_after\x18\x05 \x01(\x03\x12\x16\n\x0eskipped_reason\x18\x06 \x01(\t\"7\n\x11GetContextRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61t_seq\x18\x02 \x01(\x03\"\xa1\x01\n\x12GetContextResponse\x12\x15\n\rmessages_json\x18\x01 \x01(\t\x12\x15\n\rsystem_prompt\x18\x02 \x01(\t\x12\x16\n\x0e\x63ompaction_seq\x18\x03 \x01(\x03\x12\x18\n\x10\x65stimated_tokens\x18\x04 \x01(\x03\x12\x18\n\x10loadout_revision\x18\x05 \x01(\x03\x12\x11\n\twatermark\x18\x06 \x01(\x03\x32\x8f\x02\n\x11\x43ompactionService\x12I\n\x04Plan\x12\x1f.keel.compaction.v1.PlanRequest\x1a .keel.compaction.v1.PlanResponse\x12R\n\x07\x43ompact\x12\".keel.compaction.v1.CompactRequest\x1a#.keel.compaction.v1.CompactResponse\x12[\n\nGetContext\x12%.keel.compaction.v1.GetContextRequest\x1a&.keel.compaction.v1.GetContextResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#keel/compaction/v1/compaction.proto\x12\x12keel.compaction.v1\"!\n\x0bPlanRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xe7\x01\n\x0cPlanResponse\x12\x16\n\x0eshould_compact\x18\x01 \x01(\x08\x12\x13\n\x0b\x63\x61n_compact\x18\x02 \x01(\x08\x12\x16\n\x0e\x66irst_kept_seq\x18\x03 \x01(\x03\x12\x1b\n\x13summarized_from_seq\x18\x04 \x01(\x03\x12\x19\n\x11summarized_to_seq\x18\x05 \x01(\x03\x12\x15\n\ris_split_turn\x18\x06 \x01(\x08\x12\x15\n\rtokens_before\x18\x07 \x01(\x03\x12\x14\n\x0ctokens_after\x18\x08 \x01(\x03\x12\x16\n\x0e\x63ontext_window\x18\t \x01(\x03\"l\n\x0e\x43ompactRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x14\n\x0cinstructions\x18\x04 \x01(\t\x12\x11\n\twatermark\x18\x05 \x01(\x03\"\x87\x01\n\x0f\x43ompactResponse\x12\x11\n\tcompacted\x18\x01 \x01(\x08\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x15\n\rtokens_before\x18\x04 \x01(\x03\x12\x14\n\x0ctokens_after\x18\x05 \x01(\x03\x12\x16\n\x0eskipped_reason\x18\x06 \x01(\t\"7\n\x11GetContextRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61t_seq\x18\x02 \x01(\x03\"\xa1\x01\n\x12GetContextResponse\x12\x15\n\rmessages_json\x18\x01 \x01(\t\x12\x15\n\rsystem_prompt\x18\x02 \x01(\t\x12\x16\n\x0e\x63ompaction_seq\x18\x03 \x01(\x03\x12\x18\n\x10\x65stimated_tokens\x18\x04 \x01(\x03\x12\x18\n\x10loadout_revision\x18\x05 \x01(\x03\x12\x11\n\twatermark\x18\x06 \x01(\x03\x32\x8f\x02\n\x11\x43ompactionService\x12I\n\x04Plan\x12\x1f.keel.compaction.v1.PlanRequest\x1a .keel.compaction.v1.PlanResponse\x12R\n\x07\x43ompact\x12\".keel.compaction.v1.CompactRequest\x1a#.keel.compaction.v1.CompactResponse\x12[\n\nGetContext\x12%.keel.compaction.v1.GetContextRequest\x1a&.keel.compaction.v1.GetContextResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,13 +36,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLANRESPONSE']._serialized_start=95
   _globals['_PLANRESPONSE']._serialized_end=326
   _globals['_COMPACTREQUEST']._serialized_start=328
-  _globals['_COMPACTREQUEST']._serialized_end=417
-  _globals['_COMPACTRESPONSE']._serialized_start=420
-  _globals['_COMPACTRESPONSE']._serialized_end=555
-  _globals['_GETCONTEXTREQUEST']._serialized_start=557
-  _globals['_GETCONTEXTREQUEST']._serialized_end=612
-  _globals['_GETCONTEXTRESPONSE']._serialized_start=615
-  _globals['_GETCONTEXTRESPONSE']._serialized_end=776
-  _globals['_COMPACTIONSERVICE']._serialized_start=779
-  _globals['_COMPACTIONSERVICE']._serialized_end=1050
+  _globals['_COMPACTREQUEST']._serialized_end=436
+  _globals['_COMPACTRESPONSE']._serialized_start=439
+  _globals['_COMPACTRESPONSE']._serialized_end=574
+  _globals['_GETCONTEXTREQUEST']._serialized_start=576
+  _globals['_GETCONTEXTREQUEST']._serialized_end=631
+  _globals['_GETCONTEXTRESPONSE']._serialized_start=634
+  _globals['_GETCONTEXTRESPONSE']._serialized_end=795
+  _globals['_COMPACTIONSERVICE']._serialized_start=798
+  _globals['_COMPACTIONSERVICE']._serialized_end=1069
 # @@protoc_insertion_point(module_scope)

@@ -87,11 +87,17 @@ class CompactRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     INSTRUCTIONS_FIELD_NUMBER: _builtins.int
+    WATERMARK_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     epoch: _builtins.int
     reason: _builtins.str
     """"threshold", "overflow" or "manual"."""
     instructions: _builtins.str
+    watermark: _builtins.int
+    """The last input the caller's request reads, when the session's latest
+    epoch_started does not say it (a sticky session woken with the epoch it
+    kept: that fact is an earlier turn's). 0: the epoch_started says.
+    """
     def __init__(
         self,
         *,
@@ -99,10 +105,11 @@ class CompactRequest(_message.Message):
         epoch: _builtins.int = ...,
         reason: _builtins.str = ...,
         instructions: _builtins.str = ...,
+        watermark: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "instructions", b"instructions", "reason", b"reason", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "instructions", b"instructions", "reason", b"reason", "session_id", b"session_id", "watermark", b"watermark"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
