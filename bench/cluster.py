@@ -74,7 +74,15 @@ async def start(
     async with KernelClient(kernel.target, settings) as client:
         document = (await client.get_loadout("default")).document
         await client.put_loadout("default", {**document, "maxConcurrentRuns": concurrency})
-    config = RunnerConfig(ledger.target, kernel.target, concurrency=concurrency, claim_wait_ms=500)
+    # KEEL_STICKY_MS as keel up reads it (0 measures every turn claimed).
+    sticky_ms = RunnerConfig.from_env(ledger.target, kernel.target).sticky_ms
+    config = RunnerConfig(
+        ledger.target,
+        kernel.target,
+        concurrency=concurrency,
+        claim_wait_ms=500,
+        sticky_ms=sticky_ms,
+    )
     runner = await RunnerServer(settings, config).start()
     edge = None
     if with_edge:

@@ -2,7 +2,12 @@
 
 A turn is what `keel bench turns` times: a client commits an input and wakes
 the kernel; the runner claims the session, reads what it lacks, writes the
-fence and the answer, and finishes; then it waits in its next claim. Every
+fence and the answer, and finishes; then it waits in its next claim. With a
+sticky window (KEEL_STICKY_MS, the default) a warm turn skips the claim, the
+new epoch and its fence: the kernel sends the input's wake down the
+runner's LeaseStream, and the runner's claim, long-polling, stays where it
+was. Both are counted: the sticky table is a warm turn's, the other a
+runner asking for no window. Every
 service runs in this process (real gRPC on loopback, PostgreSQL), so the
 per-process counters of services/common/hops.py see every RPC the servers
 received and every transaction the stores committed.
@@ -51,7 +56,7 @@ LEDGER = "keel.ledger.v1.LedgerService/"
 KERNEL = "keel.kernel.v1.KernelService/"
 
 # RPCs (or stream messages) the servers receive per turn, by method.
-EXPECTED_CALLS_PER_TURN = {
+COLD_CALLS_PER_TURN = {
     # Messages of the clients' AppendStreams: the client's input; the
     # runner's epoch_started and answer.
     LEDGER + "AppendStream": 3,
@@ -63,10 +68,22 @@ EXPECTED_CALLS_PER_TURN = {
     LEDGER + "Read": 1,  # the fact cache reads what came after its tail (the input)
 }
 # Write transactions committed per turn, by store.
-EXPECTED_COMMITS_PER_TURN = {
+COLD_COMMITS_PER_TURN = {
     "ledger": 3,  # one per append (the appends of one turn never share a batch)
     "kernel": 3,  # enqueue, claim, finish
 }
+# A warm turn of a sticky session: the runner already holds the lease's epoch.
+STICKY_CALLS_PER_TURN = {
+    LEDGER + "AppendStream": 2,  # the client's input, the runner's answer
+    KERNEL + "Enqueue": 1,  # the client wakes the kernel, which wakes the runner
+    KERNEL + "LeaseStream": 1,  # the runner's Finish, keeping the session again
+    LEDGER + "Read": 1,  # the fact cache reads what came after its tail (the input)
+}
+STICKY_COMMITS_PER_TURN = {
+    "ledger": 2,
+    "kernel": 2,  # the enqueue with its wake, the finish
+}
+STICKY_MS = 600_000
 # What the runner sends last in a turn (after Finish): its next claim, a
 # message of the same stream as the Finish (so a turn is over once the
 # stream has handled both).
@@ -97,8 +114,29 @@ class Quiet:
         return self.cluster.kernel_server
 
 
+@dataclass(frozen=True)
+class Expected:
+    calls: dict[str, int]
+    commits: dict[str, int]
+
+
+@pytest.fixture(params=[0, STICKY_MS], ids=["cold", "sticky"])
+def sticky_ms(request: pytest.FixtureRequest) -> int:
+    value: int = request.param
+    return value
+
+
 @pytest.fixture
-async def quiet(pg_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Quiet]:
+def expected(sticky_ms: int) -> Expected:
+    if sticky_ms:
+        return Expected(STICKY_CALLS_PER_TURN, STICKY_COMMITS_PER_TURN)
+    return Expected(COLD_CALLS_PER_TURN, COLD_COMMITS_PER_TURN)
+
+
+@pytest.fixture
+async def quiet(
+    pg_settings: Settings, monkeypatch: pytest.MonkeyPatch, sticky_ms: int
+) -> AsyncIterator[Quiet]:
     """Ledger, kernel and runner in this process, every timer slowed down."""
     monkeypatch.setattr(runner_runtime, "CANCEL_WATCH_DELAY_S", A_LONG_TIME_MS / 1000)
     settings = pg_settings.with_overrides(lease_ms=A_LONG_TIME_MS)
@@ -119,6 +157,7 @@ async def quiet(pg_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Async
                 cluster.kernel_server.target,
                 concurrency=1,
                 claim_wait_ms=300_000,
+                sticky_ms=sticky_ms,
             ),
         ).start()
         quiet = Quiet(cluster, runner)
@@ -139,13 +178,13 @@ def _claims(spent: hops.Hops) -> int:
     return spent.calls.get(NEXT_CLAIM, 0)
 
 
-def _reached(spent: hops.Hops, claims_only: bool = False) -> bool:
+def _reached(spent: hops.Hops, expected: Expected, claims_only: bool = False) -> bool:
     """Whether one turn's worth of every expected count (or of the runner's
     claims alone) has been counted."""
     if claims_only:
-        return _claims(spent) >= EXPECTED_CALLS_PER_TURN[NEXT_CLAIM]
-    calls = all(spent.calls.get(m, 0) >= n for m, n in EXPECTED_CALLS_PER_TURN.items())
-    commits = all(spent.commits.get(s, 0) >= n for s, n in EXPECTED_COMMITS_PER_TURN.items())
+        return _claims(spent) >= COLD_CALLS_PER_TURN[NEXT_CLAIM]
+    calls = all(spent.calls.get(m, 0) >= n for m, n in expected.calls.items())
+    commits = all(spent.commits.get(s, 0) >= n for s, n in expected.commits.items())
     return calls and commits
 
 
@@ -154,6 +193,7 @@ async def _turn(
     stream: AsyncIterator[CommittedFact],
     session_id: str,
     n: int,
+    expected: Expected,
     *,
     warm_up: bool = False,
 ) -> None:
@@ -167,7 +207,7 @@ async def _turn(
     # runner's next claim belong to the turn all the same. (The warm-up turn
     # makes other hops besides: only its claims tell when it is over.)
     await _until(
-        lambda: _reached(hops.snapshot().since(before), claims_only=warm_up),
+        lambda: _reached(hops.snapshot().since(before), expected, claims_only=warm_up),
         f"turn {n} to be over",
         lambda: _observed(hops.snapshot().since(before), 1),
     )
@@ -184,21 +224,27 @@ def _observed(spent: hops.Hops, turns: int) -> str:
     )
 
 
-async def test_a_turn_makes_exactly_the_expected_calls_and_commits(quiet: Quiet) -> None:
+async def test_a_turn_makes_exactly_the_expected_calls_and_commits(
+    quiet: Quiet, expected: Expected, sticky_ms: int
+) -> None:
     session_id = "hops-1"
     await quiet.cluster.new_session(session_id)
     stream = quiet.cluster.ledger.subscribe(session_id, 0)
     # The first turn warms up what later turns reuse (the runner's fact
     # cache, its tools, connections); it is not counted.
-    await _turn(quiet, stream, session_id, 0, warm_up=True)
+    await _turn(quiet, stream, session_id, 0, expected, warm_up=True)
 
     before = hops.snapshot()
     for n in range(1, TURNS + 1):
-        await _turn(quiet, stream, session_id, n)
+        await _turn(quiet, stream, session_id, n, expected)
     spent = hops.snapshot().since(before)
 
-    expected_calls = {name: n * TURNS for name, n in EXPECTED_CALLS_PER_TURN.items()}
-    expected_commits = {name: n * TURNS for name, n in EXPECTED_COMMITS_PER_TURN.items()}
+    expected_calls = {name: n * TURNS for name, n in expected.calls.items()}
+    expected_commits = {name: n * TURNS for name, n in expected.commits.items()}
     observed = _observed(spent, TURNS)
     assert spent.calls == expected_calls, observed
     assert spent.commits == expected_commits, observed
+    # Sticky: every turn was answered under the first turn's epoch.
+    facts = await quiet.cluster.ledger.read_all(session_id)
+    epochs = {f.epoch for f in facts if f.kind == "assistant"}
+    assert (epochs == {1}) if sticky_ms else (len(epochs) == TURNS + 1), epochs

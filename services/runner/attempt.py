@@ -52,7 +52,7 @@ from services.common.config import DEFAULT_MAX_FACT_BYTES
 from services.common.errors import ServiceUnavailable
 from services.common.outage_log import OutageLog
 from services.ledger import LedgerClient, StaleEpoch
-from services.ledger.facts import INPUT, CommittedFact
+from services.ledger.facts import EPOCH_STARTED, INPUT, CommittedFact
 from services.runner import metrics as runner_metrics
 from services.runner import transcript as T
 from services.runner.fact_fit import fit_fact
@@ -129,6 +129,9 @@ class Attempt:
         self.parsed: dict[int, MessageEntry] = {}
         self._context: tuple[int, int, tuple[ContextEntry, ...]] | None = None
         self.overflows_in_a_row = 0
+        # Woken in a sticky window: the epoch's `epoch_started` is an
+        # earlier turn's (see start()).
+        self.resumed = False
         # What every span of this attempt carries.
         self.trace_attributes = {
             tracing.SESSION_ID: self.session_id,
@@ -254,6 +257,12 @@ class Attempt:
             # running, a duplicate input): nothing to write, so no fence to
             # raise and no epoch fact to add to the session.
             return False
+        self.resumed = _started_epoch(self.facts) == self.epoch
+        if self.resumed:
+            # A sticky session woken with the epoch it kept: its fence is up
+            # already. The answers carry their own watermark instead.
+            faults.hit("after_watermark")
+            return True
         with tracing.span("keel.epoch_started", self.trace_attributes):
             await self.commit(
                 "epoch_started",
@@ -346,6 +355,10 @@ class Attempt:
         }
         if final:
             data["inputSeqs"] = list(owed.input_seqs)
+        if self.resumed:
+            # GetContext and compaction read a request's watermark from its
+            # epoch's epoch_started, which an earlier turn wrote.
+            data["watermark"] = self.watermark
         # Right before the write, with no await in between: a runner stopped
         # here sends this append first when it is resumed.
         faults.hit("before_final_answer" if final else "before_assistant_commit")
@@ -514,3 +527,11 @@ async def renew_until_lost(
 
 
 AttemptFactory = Callable[[Lease], Awaitable[Attempt]]
+
+
+def _started_epoch(facts: Sequence[CommittedFact]) -> int:
+    """The epoch of the session's latest `epoch_started` (0: none)."""
+    for fact in reversed(facts):
+        if fact.kind == EPOCH_STARTED:
+            return int(fact.data["epoch"])
+    return 0

@@ -150,7 +150,11 @@ class ServiceCompaction:
         """The service's answer, or None and the error that stopped it (None
         too when the service was unreachable)."""
         try:
-            return await self.client.compact(attempt.session_id, attempt.epoch, reason), None
+            watermark = attempt.watermark if attempt.resumed else 0
+            compacted = await self.client.compact(
+                attempt.session_id, attempt.epoch, reason, watermark=watermark
+            )
+            return compacted, None
         except StaleEpoch as stale:
             raise Fenced(str(stale)) from None
         except ServiceUnavailable as unreachable:

@@ -26,6 +26,11 @@ from agent_io.tools.tool_tokens import ToolTokens
 
 SigtermMode = Literal["shutdown", "handoff"]
 DEFAULT_DRAIN_DEADLINE_MS = 30_000
+# How long a runner keeps a session after answering (KEEL_STICKY_MS; 0: not
+# at all): its next input within this window skips the claim, the new epoch
+# and its fence fact. Long enough for a person's next message in a running
+# conversation; short enough that an idle runner lets its sessions go soon.
+DEFAULT_STICKY_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class RunnerConfig:
     compaction_target: str = ""
     # Facts kept in memory between attempts, over all sessions (0: none).
     cached_facts: int = 100_000
+    # The sticky window asked for after each answered turn (KEEL_STICKY_MS).
+    sticky_ms: int = DEFAULT_STICKY_MS
     # The host:port other services dial to reach this runner, when it differs
     # from the address it listens on (KEEL_ADVERTISE_ADDRESS; required when
     # that address is a wildcard such as 0.0.0.0).
@@ -86,8 +93,18 @@ class RunnerConfig:
             default_context_window=int(env.get("KEEL_CONTEXT_WINDOW", "128000")),
             compaction_target=env.get("KEEL_COMPACTION_ADDRESS", ""),
             cached_facts=int(env.get("KEEL_RUNNER_CACHED_FACTS", "100000")),
+            sticky_ms=_non_negative_int(env, "KEEL_STICKY_MS", DEFAULT_STICKY_MS),
             advertise_address=env.get("KEEL_ADVERTISE_ADDRESS", ""),
         )
+
+
+def _non_negative_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise ValueError(f"{name} must be a whole number of milliseconds (0: off), got {raw!r}")
+    return int(raw)
 
 
 def _positive_number(env: Mapping[str, str], name: str, default: float) -> float:

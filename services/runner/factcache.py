@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from compaction.policy import MessageEntry
@@ -48,9 +48,16 @@ class SessionHistory:
 
 
 class FactCache:
-    def __init__(self, ledger: LedgerClient, max_facts: int) -> None:
+    def __init__(
+        self,
+        ledger: LedgerClient,
+        max_facts: int,
+        on_evict: Callable[[str], None] = lambda session_id: None,
+    ) -> None:
         self._ledger = ledger
         self._max_facts = max_facts
+        # Told of each session dropped to stay within the bound.
+        self._on_evict = on_evict
         self._sessions: OrderedDict[str, SessionHistory] = OrderedDict()
         self._size = 0
 
@@ -103,8 +110,9 @@ class FactCache:
         self._sessions[session_id] = history
         self._size += len(facts)
         while self._size > self._max_facts:
-            _, evicted = self._sessions.popitem(last=False)
+            evicted_id, evicted = self._sessions.popitem(last=False)
             self._size -= len(evicted.facts)
+            self._on_evict(evicted_id)
 
     def _take(self, session_id: str) -> SessionHistory:
         history = self._sessions.pop(session_id, None)

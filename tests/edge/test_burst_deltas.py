@@ -179,7 +179,10 @@ def previews(seen: list[Seen]) -> list[tuple[dict[str, Any], list[str], list[str
 
 
 def check_round(seen: list[Seen], pieces: list[str], door: str, round_: int) -> None:
-    (call_answer, call_texts, fragments), (text_answer, texts, call_fragments) = previews(seen)
+    """The round's two answers are the last two of everything `seen`: a
+    runner that keeps the session answers every round under the attempt the
+    first round's epoch_started named."""
+    (call_answer, call_texts, fragments), (text_answer, texts, call_fragments) = previews(seen)[-2:]
     where = f"{door}, round {round_}"
     assert fragments == list(ARGUMENTS), f"{where}: tool-argument deltas {fragments}"
     assert not call_texts and not call_fragments, where
@@ -251,8 +254,10 @@ async def test_a_client_connected_before_sees_every_delta_of_a_burst(
                 sse_from, grpc_from = len(by_sse), len(by_grpc)
                 await read_sse_until(sse, done, by_sse)
                 await read_grpc_until(call, done, by_grpc)
-                check_round(by_sse[sse_from:], pieces, "SSE", round_)
-                check_round(by_grpc[grpc_from:], pieces, "gRPC", round_)
+                assert len(previews(by_sse[sse_from:])) == 2, "SSE: the round's two answers"
+                assert len(previews(by_grpc[grpc_from:])) == 2, "gRPC: the round's two answers"
+                check_round(by_sse, pieces, "SSE", round_)
+                check_round(by_grpc, pieces, "gRPC", round_)
     finally:
         call.cancel()
         await channel.close(None)

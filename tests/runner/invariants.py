@@ -60,13 +60,26 @@ def assert_results_follow_their_calls(facts: list[CommittedFact]) -> None:
 
 def assert_answers_within_their_watermark(facts: list[CommittedFact]) -> None:
     """An answer consumes only inputs, and only those its epoch fixed as
-    its watermark when it started: never an input the epoch had not read."""
+    its watermark when it started: never an input the epoch had not read.
+
+    A later turn of a sticky session (the same epoch, woken) declares its
+    watermark on its answer or compaction: never lower than the epoch's
+    before, never past the fact itself."""
     inputs = {f.seq for f in facts if f.kind == "input"}
     watermarks: dict[int, int] = {}
     for fact in facts:
+        declared = fact.data.get("watermark")
         if fact.kind == "epoch_started":
             watermarks[fact.data["epoch"]] = fact.data["watermark"]
-        elif fact.kind == "assistant" and fact.data.get("inputSeqs"):
+            continue
+        if fact.kind in ("assistant", "compaction") and declared is not None:
+            assert fact.epoch in watermarks, f"seq {fact.seq}: epoch {fact.epoch} never started"
+            assert watermarks[fact.epoch] <= declared < fact.seq, (
+                f"seq {fact.seq} declares watermark {declared} "
+                f"(its epoch's was {watermarks[fact.epoch]})"
+            )
+            watermarks[fact.epoch] = declared
+        if fact.kind == "assistant" and fact.data.get("inputSeqs"):
             consumed = fact.data["inputSeqs"]
             strays = [s for s in consumed if s not in inputs]
             assert not strays, f"seq {fact.seq} consumes {strays}, which are not inputs"

@@ -115,11 +115,12 @@ def describe(facts: list[CommittedFact]) -> str:
     )
 
 
-def shape(facts: list[CommittedFact], epoch: int) -> tuple[str, ...]:
-    """What one epoch committed after its epoch_started, in short."""
+def shape(facts: list[CommittedFact], epoch: int, after: int = 0) -> tuple[str, ...]:
+    """What one epoch committed after its epoch_started (and after seq
+    `after`: a sticky epoch spans several turns), in short."""
     kinds = []
     for fact in facts:
-        if fact.epoch != epoch or fact.kind == "epoch_started":
+        if fact.epoch != epoch or fact.kind == "epoch_started" or fact.seq <= after:
             continue
         if fact.kind == "assistant":
             kinds.append(CALL if fact.data.get("toolCalls") else ANSWER)
@@ -168,14 +169,22 @@ async def decide_waiting_call(stack: HandoffStack, session: str) -> None:
     assert response.status_code == 201, response.text
 
 
+# Runners that keep sessions between turns (the default) and runners that
+# do not: a handoff must be seamless either way.
+STICKY = {"sticky": "30000", "cold": "0"}
+
+
+@pytest.mark.parametrize("sticky", list(STICKY))
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 async def test_a_handoff_at_this_point_is_seamless_for_the_client(
-    stack: HandoffStack, case: Case
+    stack: HandoffStack, case: Case, sticky: str
 ) -> None:
     session = f"handoff-{case.name.replace('_', '-')}"
     point = case.fault.partition("@")[0]
     cluster = stack.cluster
-    first = cluster.start_runner(KEEL_FAULT_POINT=case.fault, KEEL_FAULT_ACTION="drain")
+    first = cluster.start_runner(
+        KEEL_FAULT_POINT=case.fault, KEEL_FAULT_ACTION="drain", KEEL_STICKY_MS=STICKY[sticky]
+    )
     await cluster.runner_ready(first)
     first_id = runtime_id_of(first)
     await stack.new_session(session)
@@ -194,7 +203,7 @@ async def test_a_handoff_at_this_point_is_seamless_for_the_client(
             assert gateway is not None
             gateway.start_draining("handoff")
 
-        second = cluster.start_runner()
+        second = cluster.start_runner(KEEL_STICKY_MS=STICKY[sticky])
         await cluster.runner_ready(second)
         second_id = runtime_id_of(second)
         if case.script == "approval":
@@ -222,14 +231,18 @@ async def test_a_handoff_at_this_point_is_seamless_for_the_client(
     assert consumed == seqs, "every input answered once"
 
     # One attempt per input the first runner was given (the compaction
-    # script sends them one at a time): a drained runner claims nothing more.
-    claimed = len(seqs) if case.script == "compaction" else 1
+    # script sends them one at a time; a sticky runner answers them all
+    # under its first epoch): a drained runner claims nothing more.
+    claimed = len(seqs) if case.script == "compaction" and sticky == "cold" else 1
     started = [
         f.seq for f in facts if f.kind == "epoch_started" and f.data["runtimeId"] == first_id
     ]
     assert len(started) == claimed, f"{first_id} claimed again while draining: {describe(facts)}"
     old_epoch = assert_handed_over(facts, first_id, second_id)
-    committed = (shape(facts, old_epoch), shape(facts, old_epoch + 1))
+    # The turn the drain met: a sticky runner answered the earlier ones
+    # under the same epoch.
+    turn = seqs[-1] if case.script == "compaction" and sticky == "sticky" else 0
+    committed = (shape(facts, old_epoch, turn), shape(facts, old_epoch + 1))
     assert committed == (case.drained, case.successor), (
         f"drained at {point}, {first_id} then {second_id}: {describe(facts)}"
     )
