@@ -30,6 +30,7 @@ from bench.cluster import BenchCluster, start
 from kernel import KernelClient
 from services.common import event_loop, hops
 from services.ledger import LedgerClient
+from services.ledger.packed_facts import pack_input
 
 # How long the runner may take to finish the attempts of the last turns.
 SETTLE_S = 10.0
@@ -85,11 +86,12 @@ async def _run(
                 await ledger.create_session(session_id, "default")
                 stream = ledger.subscribe(session_id, 0)
                 for turn in range(turns):
-                    appended = await ledger.append_one(
-                        session_id, "input", {"text": f"turn {turn}", "requestId": f"r{turn}"}
-                    )
+                    data = {"text": f"turn {turn}", "requestId": f"r{turn}"}
+                    appended = await ledger.append_one(session_id, "input", data)
                     committed = time.perf_counter()
-                    await kernel.enqueue(session_id, "default", appended.seq)
+                    # As the edge does: the input goes with the wake-up.
+                    facts = pack_input(session_id, appended.seq, data)
+                    await kernel.enqueue(session_id, "default", appended.seq, facts=facts)
                     async for fact in stream:
                         if fact.kind == "assistant" and appended.seq in (
                             fact.data.get("inputSeqs") or ()

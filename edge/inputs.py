@@ -26,6 +26,7 @@ from services.blobs import is_blob_id
 from services.common import tracing
 from services.common.errors import KeelError
 from services.common.outage_log import OutageLog
+from services.ledger.packed_facts import pack_input
 
 log = logging.getLogger("keel.edge.inputs")
 # Inputs committed whose session the kernel could not be told of.
@@ -149,10 +150,16 @@ async def _append_input(
         data[tracing.TRACEPARENT] = traceparent
     appended = await gateway.ledger.append_one(session_id, "input", data)
     request_id = data["requestId"]
+    # The input as committed, for a runner that keeps the session (it then
+    # reads nothing before its turn); a duplicate's committed data may be
+    # another request's, so it is read as usual.
+    facts = b"" if appended.duplicate else pack_input(session_id, appended.seq, data)
     try:
         # A duplicate still enqueues: the first attempt to wake may be the
         # one that was lost, and a spare wake-up is harmless.
-        await gateway.kernel.enqueue(session_id, caller.tenant_id, appended.seq, unpark=True)
+        await gateway.kernel.enqueue(
+            session_id, caller.tenant_id, appended.seq, unpark=True, facts=facts
+        )
     except KeelError as error:
         # Said once per outage, not once per input (services.common.outage_log).
         WAKE_UPS.failed(f"input {appended.seq} of {session_id} committed, not woken: {error}")

@@ -79,6 +79,9 @@ class Claim:
     # kernel could not say (no such tenant, or a kernel that predates it):
     # GetLoadout then tells.
     loadout: Loadout | None
+    # A wake's: the facts its input came with, a packed page (the ledger's
+    # encoding: services/ledger/packed_facts.py); empty when none came.
+    facts: bytes = b""
 
 
 class Attachment:
@@ -308,7 +311,7 @@ class KernelClient:
             return None
         lease = lease_from_pb(response.lease)
         if not response.HasField("loadout"):
-            return Claim(lease, None)
+            return Claim(lease, None, response.facts)
         revision = response.loadout.revision
         document = response.loadout.document_json
         if not document:
@@ -318,8 +321,9 @@ class KernelClient:
         if not document:
             # Cannot happen with a kernel that keeps the stream's rule; if
             # it does, ask for exactly the revision the claim found.
-            return Claim(lease, await self.get_loadout(lease.tenant_id, revision))
-        return Claim(lease, Loadout(lease.tenant_id, revision, json.loads(document)))
+            return Claim(lease, await self.get_loadout(lease.tenant_id, revision), response.facts)
+        loadout = Loadout(lease.tenant_id, revision, json.loads(document))
+        return Claim(lease, loadout, response.facts)
 
     async def _claim(
         self, runtime_id: str, wait_ms: int, with_loadout: bool
@@ -398,10 +402,22 @@ class KernelClient:
         return finish_result_from_pb(answer.finish)
 
     async def enqueue(
-        self, session_id: str, tenant_id: str, input_seq: int = 0, unpark: bool = False
+        self,
+        session_id: str,
+        tenant_id: str,
+        input_seq: int = 0,
+        unpark: bool = False,
+        facts: bytes = b"",
     ) -> None:
+        """Says the session owes work. `facts`: what the caller has just
+        committed (a packed page), handed on to a runner that keeps the
+        session so it need not read them."""
         request = pb.EnqueueRequest(
-            session_id=session_id, tenant_id=tenant_id, input_seq=input_seq, unpark=unpark
+            session_id=session_id,
+            tenant_id=tenant_id,
+            input_seq=input_seq,
+            unpark=unpark,
+            facts=facts,
         )
         await unary(self._stub.Enqueue(request), KernelError)
 

@@ -64,6 +64,9 @@ MAX_HANDOFFS = 1000
 # claims, finishes and renewals of a run backlog in the default executor.
 # With that executor's threads and the heartbeat's, within the store's pool.
 ENQUEUE_THREADS = 4
+# The most of an Enqueue's facts a wake carries on; past it the runner reads
+# them (a large input costs a Read, not the stream's message budget).
+MAX_WAKE_FACTS_BYTES = 64 * 1024
 
 
 def _epoch(value: int) -> int:
@@ -395,18 +398,21 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         run = functools.partial(contextvars.copy_context().run, enqueue)
         woken = await asyncio.get_running_loop().run_in_executor(self._enqueues, run)
         if woken is not None:
+            facts = request.facts if len(request.facts) <= MAX_WAKE_FACTS_BYTES else b""
             # Shielded: a caller that leaves now must not strand the woken
             # lease until its TTL (it is sent, or released).
-            await asyncio.shield(self._send_wake(woken))
+            await asyncio.shield(self._send_wake(woken, facts))
         return pb.EnqueueResponse()
 
-    async def _send_wake(self, woken: Claimed) -> None:
-        """Sends a woken lease to its holder's stream; one that ended since
-        is handed back at once (anyone may claim the session then)."""
+    async def _send_wake(self, woken: Claimed, facts: bytes) -> None:
+        """Sends a woken lease (and the facts its input came with) to its
+        holder's stream; one that ended since is handed back at once (anyone
+        may claim the session then)."""
         lease = woken.lease
         route = self.wake_routes.get(lease.runtime_id)
         if route is not None:
             wake = await self._claimed(woken, route.known)
+            wake.facts = facts
             if route.send_wake(wake):
                 return
         log.info("wake of %s found no stream of %s: released", lease.session_id, lease.runtime_id)

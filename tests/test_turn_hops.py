@@ -75,9 +75,10 @@ COLD_COMMITS_PER_TURN = {
 # A warm turn of a sticky session: the runner already holds the lease's epoch.
 STICKY_CALLS_PER_TURN = {
     LEDGER + "AppendStream": 2,  # the client's input, the runner's answer
-    KERNEL + "Enqueue": 1,  # the client wakes the kernel, which wakes the runner
+    # The client wakes the kernel, handing it the input, and the kernel
+    # wakes the runner with it: the runner reads nothing.
+    KERNEL + "Enqueue": 1,
     KERNEL + "LeaseStream": 1,  # the runner's Finish, keeping the session again
-    LEDGER + "Read": 1,  # the fact cache reads what came after its tail (the input)
 }
 STICKY_COMMITS_PER_TURN = {
     "ledger": 2,

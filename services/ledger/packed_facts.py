@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
 
 from services.ledger.domain import timestamp_ms
-from services.ledger.facts import SESSION_CREATED, CommittedFact
+from services.ledger.facts import INPUT, SESSION_CREATED, CommittedFact
 from services.ledger.stored_facts import (
     CREATED_STATE,
     CREATED_TOPIC,
@@ -127,6 +128,14 @@ def pack(elements: Sequence[PackedFact]) -> bytes:
 def pack_facts(facts: Iterable[CommittedFact]) -> bytes:
     """Committed facts as a packed page."""
     return pack([fact_element(f)[0] for f in facts])
+
+
+def pack_input(session_id: str, seq: int, data: Mapping[str, Any]) -> bytes:
+    """The page of one input its writer has just committed as `seq` (with no
+    epoch, as every client fact): what a Read would return but for the
+    timestamp, taken here, which no reader of a fresh input needs."""
+    fact = CommittedFact(session_id, seq, INPUT, dict(data), int(time.time() * 1000), 0)
+    return pack_facts([fact])
 
 
 @contextlib.contextmanager

@@ -66,13 +66,21 @@ class FactCache:
         """Facts held, over every session."""
         return self._size
 
-    async def load(self, session_id: str) -> SessionHistory:
+    async def load(self, session_id: str, arrived: Sequence[CommittedFact] = ()) -> SessionHistory:
         """Every fact of the session: the kept copy plus what the ledger has after it.
+
+        `arrived`: facts that came with a wake (its input). When they follow
+        the kept copy's tail with no gap, they are what comes after it as far
+        as this turn needs, and nothing is read: a fact committed after them
+        wakes or re-queues the session in its turn.
 
         The caller owns the returned history; give it back with `keep()`.
         """
         history = self._take(session_id)
         after = history.facts[-1].seq if history.facts else 0
+        if history.facts and _follows(arrived, after):
+            history.facts.extend(arrived)
+            return history
         history.facts.extend(await self._read_after(session_id, after))
         return history
 
@@ -120,6 +128,10 @@ class FactCache:
             return SessionHistory()
         self._size -= len(history.facts)
         return history
+
+
+def _follows(arrived: Sequence[CommittedFact], after: int) -> bool:
+    return bool(arrived) and all(f.seq == after + 1 + i for i, f in enumerate(arrived))
 
 
 def _complete_prefix(facts: Sequence[CommittedFact]) -> bool:

@@ -46,6 +46,7 @@ from services.common.config import Settings
 from services.common.errors import KeelError, ServiceUnavailable
 from services.common.outage_log import OutageLog
 from services.ledger import LedgerClient
+from services.ledger.packed_facts import facts_from_packed
 from services.runner import metrics as runner_metrics
 from services.runner.attempt import (
     Attempt,
@@ -456,13 +457,16 @@ class Runtime:
         # the claim's transaction) and brings its document when this runner
         # has not been sent that revision yet; only a kernel that could not
         # say leaves it to a GetLoadout, fetched alongside the transcript.
+        # A wake brings the input it answers: no Read when it follows what
+        # the fact cache kept.
+        arrived = facts_from_packed(lease.session_id, claim.facts) if claim.facts else []
         if claim.loadout is not None:
             document = claim.loadout
-            history = await self.fact_cache.load(lease.session_id)
+            history = await self.fact_cache.load(lease.session_id, arrived)
         else:
             document, history = await asyncio.gather(
                 self.kernel.get_loadout(lease.tenant_id),
-                self.fact_cache.load(lease.session_id),
+                self.fact_cache.load(lease.session_id, arrived),
             )
         loadout = Loadout.from_document(document.revision, document.document)
         provider = self._provider(lease.tenant_id, loadout.model)

@@ -15,6 +15,7 @@ from keel.kernel.v1 import kernel_pb2 as pb
 from keel.kernel.v1 import kernel_pb2_grpc as pb_grpc
 from kernel import KernelClient, KernelServer, Lease
 from kernel.domain import LeaseState
+from kernel.servicer import MAX_WAKE_FACTS_BYTES
 from kernel.store import LeaseStore
 from services.common.serving import open_channel
 
@@ -141,3 +142,16 @@ async def test_a_tenant_with_no_free_slot_ends_the_window_instead_of_waking(
     await other.finish("s2", busy.epoch, "B", read_through=1)
     claimed = await other.claim("B")
     assert claimed is not None and (claimed.session_id, claimed.epoch) == ("s1", lease.epoch + 1)
+
+
+@pytest.mark.parametrize("size", [100, MAX_WAKE_FACTS_BYTES + 1])
+async def test_a_wake_carries_the_facts_its_input_came_with(
+    kernel: KernelServer, keeper: KernelClient, size: int
+) -> None:
+    """What the Enqueue brought goes on with the wake (the runner then
+    reads nothing), unless it is larger than a wake carries."""
+    await kept(keeper, "s1")
+    page = b"x" * size  # opaque to the kernel
+    await keeper.enqueue("s1", "t1", 2, facts=page)
+    woken = await asyncio.wait_for(keeper.next_wake(), DEADLINE_S)
+    assert woken.facts == (page if size <= MAX_WAKE_FACTS_BYTES else b"")

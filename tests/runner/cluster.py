@@ -16,6 +16,7 @@ from kernel import KernelClient, KernelConfig, KernelServer
 from services.common.config import Settings
 from services.ledger import CommittedFact, LedgerClient, LedgerServer
 from services.ledger.domain import SessionView
+from services.ledger.packed_facts import pack_input
 from tests.conftest import settings_env
 from tests.processes import ChildProcess
 
@@ -71,10 +72,12 @@ class Cluster:
         await self.ledger.create_session(session_id, tenant)
 
     async def send(self, session_id: str, text: str, request_id: str) -> int:
-        appended = await self.ledger.append_one(
-            session_id, "input", {"text": text, "requestId": request_id}
-        )
-        await self.kernel.enqueue(session_id, "default", input_seq=appended.seq)
+        """Commits an input and wakes the kernel, handing it the input as the
+        edge does (a runner keeping the session then reads nothing)."""
+        data = {"text": text, "requestId": request_id}
+        appended = await self.ledger.append_one(session_id, "input", data)
+        facts = b"" if appended.duplicate else pack_input(session_id, appended.seq, data)
+        await self.kernel.enqueue(session_id, "default", input_seq=appended.seq, facts=facts)
         return appended.seq
 
     async def settled(self, session_id: str, deadline_s: float = 60.0) -> SessionView:

@@ -278,6 +278,9 @@ class ClaimResponse(_message.Message):
 
     LEASE_FIELD_NUMBER: _builtins.int
     LOADOUT_FIELD_NUMBER: _builtins.int
+    FACTS_FIELD_NUMBER: _builtins.int
+    facts: _builtins.bytes
+    """A wake only: the facts its Enqueue brought (EnqueueRequest.facts)."""
     @_builtins.property
     def lease(self) -> Global___Lease:
         """Unset when nothing was claimable within wait_ms."""
@@ -294,10 +297,11 @@ class ClaimResponse(_message.Message):
         *,
         lease: Global___Lease | None = ...,
         loadout: Global___ClaimedLoadout | None = ...,
+        facts: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "loadout", b"loadout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "loadout", b"loadout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["facts", b"facts", "lease", b"lease", "loadout", b"loadout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -721,12 +725,19 @@ class EnqueueRequest(_message.Message):
     TENANT_ID_FIELD_NUMBER: _builtins.int
     INPUT_SEQ_FIELD_NUMBER: _builtins.int
     UNPARK_FIELD_NUMBER: _builtins.int
+    FACTS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     tenant_id: _builtins.str
     input_seq: _builtins.int
     """Seq of the newest input, so Finish(read_through) can tell newer work."""
     unpark: _builtins.bool
     """Clears a parked state (a new input or an explicit retry)."""
+    facts: _builtins.bytes
+    """The facts the caller has just committed (the input), as one packed page
+    (the ledger's ReadResponse.packed_facts encoding). Passed on with a
+    wake, so the runner keeping the session reads nothing before its turn;
+    left out of the wake when larger than the kernel passes on. Optional.
+    """
     def __init__(
         self,
         *,
@@ -734,10 +745,11 @@ class EnqueueRequest(_message.Message):
         tenant_id: _builtins.str = ...,
         input_seq: _builtins.int = ...,
         unpark: _builtins.bool = ...,
+        facts: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_seq", b"input_seq", "session_id", b"session_id", "tenant_id", b"tenant_id", "unpark", b"unpark"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["facts", b"facts", "input_seq", b"input_seq", "session_id", b"session_id", "tenant_id", b"tenant_id", "unpark", b"unpark"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
