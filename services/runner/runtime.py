@@ -1,4 +1,5 @@
-"""The claim loop: a runner process working on the sessions it claims.
+"""A runner process working on the sessions it claims, and on those it keeps
+between turns (services/runner/intake.py brings both).
 
 Recovery is not a mode here. A lease that comes back `reclaimed` is handled
 exactly like a fresh one: the attempt rebuilds from the ledger and does what
@@ -36,15 +37,14 @@ from agent_io.providers import (
 )
 from agent_io.tools import ToolCatalog, builtin_tools
 from agent_io.tools.factory import SourceFactory, ToolDefaults
-from kernel import KernelClient, Lease
+from kernel import KernelClient
 from kernel.client import Claim
 from kernel.domain import FailureKind
 from services.blob_parts import BlobContent
 from services.blobs import BlobStore, blob_store
 from services.common import faults, tracing
 from services.common.config import Settings
-from services.common.errors import KeelError, ServiceUnavailable
-from services.common.outage_log import OutageLog
+from services.common.errors import ServiceUnavailable
 from services.ledger import LedgerClient
 from services.ledger.packed_facts import facts_from_packed
 from services.runner import metrics as runner_metrics
@@ -69,19 +69,14 @@ from services.runner.drain import (
 )
 from services.runner.factcache import FactCache, SessionHistory
 from services.runner.hub import PartialHub
+from services.runner.intake import Intake
 from services.runner.outage import once_answered
-from services.runner.sticky import StickyHolds
 from services.runner.tool_state import counter_store
 
 log = logging.getLogger("keel.runner")
 
 __all__ = ["DRAIN_HANDOFF", "DRAIN_NONE", "DRAIN_SHUTDOWN", "DrainResult", "Runtime", "drive"]
 CANCEL_WATCH_DELAY_S = 0.1
-# How long the claim loop waits after a failed claim.
-CLAIM_RETRY_S = 0.5
-# A kept session let go early waits this long for the kernel's answer (its
-# window ends by itself anyway).
-LET_GO_TIMEOUT_S = 2.0
 
 
 class Runtime:
@@ -99,17 +94,21 @@ class Runtime:
         self.ledger = LedgerClient(config.ledger_target, settings)
         self.kernel = KernelClient(config.kernel_target, settings)
         self.hub = PartialHub()
-        self.fact_cache = FactCache(self.ledger, config.cached_facts, self._evicted)
-        # Sessions kept between turns (services/runner/sticky.py).
-        self.sticky = StickyHolds(self._hold_over)
-        self._wake_task: asyncio.Task[None] | None = None
-        # The claim loop holds a slot for the claim it is waiting on.
-        self._claim_has_slot = False
-        self._waking: set[asyncio.Task[None]] = set()
         self.compaction: CompactionHook = compaction or NoCompaction()
         self._running: dict[str, Running] = {}
         self._slots = asyncio.Semaphore(config.concurrency)
-        self._kernel_outage = OutageLog(log, "kernel", attempts="claims failed")
+        # Claims and the wakes of kept sessions (services/runner/intake.py).
+        self.intake = Intake(
+            self.runtime_id,
+            config,
+            self.kernel,
+            self.hub,
+            self._running,
+            self._slots,
+            lambda: self.drain_mode != DRAIN_NONE,
+            self._launch,
+        )
+        self.fact_cache = FactCache(self.ledger, config.cached_facts, self.intake.evicted)
         self._providers: dict[str, Provider] = {}
         tools = SourceFactory(
             # The counter's effects are kept in the deployment's database:
@@ -124,7 +123,6 @@ class Runtime:
         self._close_tools_task: asyncio.Task[None] | None = None
         # Set in start(): opening the store may create its table (blocking).
         self.blobs: BlobContent | None = None
-        self._claim_task: asyncio.Task[None] | None = None
         self._attachment: Any = None
         self._idle = asyncio.Event()
         self._idle.set()
@@ -134,8 +132,8 @@ class Runtime:
             self.ledger,
             self._running,
             self._idle,
-            self._stop_claiming,
-            self._start_claiming,
+            self.intake.stop,
+            self.intake.start,
         )
 
     @property
@@ -153,11 +151,7 @@ class Runtime:
 
     @property
     def claiming(self) -> bool:
-        return (
-            self.drain_mode == DRAIN_NONE
-            and self._claim_task is not None
-            and not self._claim_task.done()
-        )
+        return self.drain_mode == DRAIN_NONE and self.intake.claiming
 
     # -- life cycle --
 
@@ -168,7 +162,7 @@ class Runtime:
         await self._register()
         self._attachment = self.kernel.attach(self.runtime_id, reregister=self._register)
         await self._attachment.wait_connected()
-        self._start_claiming()
+        self.intake.start()
         faults.on_drain(self._drain_at_fault_point)
         self._close_tools_task = asyncio.create_task(
             self._close_tools_when_drained(), name="close-tools-when-drained"
@@ -206,8 +200,8 @@ class Runtime:
         """Stops claiming and stops in-flight attempts where they are (the
         kernel ends their leases when this runtime detaches)."""
         await self._drainer.close()
-        await self._stop_claiming()
-        await cancel_and_wait([*self._waking, *(r.task for r in self._running.values())])
+        await self.intake.stop()
+        await cancel_and_wait([*self.intake.pending(), *(r.task for r in self._running.values())])
         if self._close_tools_task is not None:
             await cancel_and_wait([self._close_tools_task])
         await self.tool_catalog.aclose()
@@ -218,22 +212,6 @@ class Runtime:
             await provider.aclose()
         await self.ledger.close()
         await self.kernel.close()
-
-    def _start_claiming(self) -> None:
-        if self._claim_task is None or self._claim_task.done():
-            self._claim_task = asyncio.create_task(self._claim_loop(), name="claim-loop")
-        if self._wake_task is None or self._wake_task.done():
-            self._wake_task = asyncio.create_task(self._wake_loop(), name="wake-loop")
-
-    async def _stop_claiming(self) -> None:
-        for task in (self._claim_task, self._wake_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        # Kept sessions go at once: their next inputs are claimed elsewhere.
-        # (A drain's SetDrain ends their windows at the kernel as well.)
-        await asyncio.gather(*(self._let_go(lease) for lease in self.sticky.take_all()))
 
     async def drain(self, mode: str, deadline_ms: int) -> DrainResult:
         """Stops claiming at once; `handoff` settles in-flight attempts at a
@@ -251,137 +229,12 @@ class Runtime:
         when it is too late)."""
         return await self._drainer.undo()
 
-    # -- claiming --
-
-    async def _claim_loop(self) -> None:
-        while True:
-            await self._slots.acquire()
-            # The slot is the claim's while it long-polls; a wake may borrow
-            # it (see _woken), which this loop finds out when it returns.
-            self._claim_has_slot = True
-            try:
-                claim = await self.kernel.claim_with_loadout(
-                    self.runtime_id, wait_ms=self.config.claim_wait_ms
-                )
-            except asyncio.CancelledError:
-                self._claim_slot_back()
-                raise
-            except Exception as error:
-                self._claim_slot_back()
-                self._claim_failed(error)
-                await asyncio.sleep(CLAIM_RETRY_S)
-                continue
-            self._kernel_outage.succeeded()
-            if claim is None:
-                self._claim_slot_back()
-                continue
-            lease = claim.lease
-            if not self._claim_has_slot:
-                # Its slot went to a woken session meanwhile.
-                if self._slots.locked():
-                    await self._hand_back_unstarted(lease)
-                    continue
-                await self._slots.acquire()  # free: no wait
-            self._claim_has_slot = False
-            if self.drain_mode != DRAIN_NONE:
-                # Granted while a drain was starting (before the kernel knew
-                # of it): handed straight back, never begun.
-                self._slots.release()
-                await self._hand_back_unstarted(lease)
-                continue
-            self._idle.clear()
-            task = asyncio.create_task(self._run(claim), name=f"attempt-{lease.session_id}")
-            self._running[lease.session_id] = Running(task, lease)
-
-    def _claim_slot_back(self) -> None:
-        if self._claim_has_slot:
-            self._claim_has_slot = False
-            self._slots.release()
-
-    # -- sticky sessions (services/runner/sticky.py) --
-
-    def _sticky_window(self) -> int:
-        """The window to ask for after an answered turn (0: none)."""
-        reading_wakes = self._wake_task is not None and not self._wake_task.done()
-        if self.drain_mode != DRAIN_NONE or not reading_wakes or not self.kernel.wakes_can_come:
-            return 0
-        return self.config.sticky_ms
-
-    async def _wake_loop(self) -> None:
-        while True:
-            claim = await self.kernel.next_wake()
-            task = asyncio.create_task(self._woken(claim), name=f"wake-{claim.lease.session_id}")
-            self._waking.add(task)
-            task.add_done_callback(self._waking.discard)
-
-    async def _woken(self, claim: Claim) -> None:
-        """Runs a kept session's next turn under its woken lease (same
-        epoch); one that cannot run here now is handed back at once."""
+    def _launch(self, claim: Claim) -> None:
+        """Starts the attempt on a claimed or woken lease (its slot taken)."""
         lease = claim.lease
-        self.sticky.take(lease.session_id)
-        earlier = self._running.get(lease.session_id)
-        if earlier is not None:
-            # The wake overtook the turn's own end (its Finish answer).
-            await asyncio.wait({earlier.task})
-        full = self._slots.locked() and not self._claim_has_slot
-        if self.drain_mode != DRAIN_NONE or full or lease.session_id in self._running:
-            self.hub.release(lease.session_id)
-            await self._hand_back_unstarted(lease)
-            return
-        if self._slots.locked():
-            # The last slot is a claim's, long-polling: the woken session,
-            # whose input is here already, takes it instead (no withdrawal
-            # sent; a lease that claim brings back is handed back).
-            self._claim_has_slot = False
-        else:
-            await self._slots.acquire()  # free: no wait
         self._idle.clear()
         task = asyncio.create_task(self._run(claim), name=f"attempt-{lease.session_id}")
         self._running[lease.session_id] = Running(task, lease)
-
-    def _hold_over(self, session_id: str) -> None:
-        if session_id not in self._running:
-            self.hub.release(session_id)
-
-    def _evicted(self, session_id: str) -> None:
-        # Memory pressure: the facts are gone, so is the point of keeping it.
-        lease = self.sticky.take(session_id)
-        if lease is not None:
-            task = asyncio.create_task(self._let_go(lease), name=f"let-go-{session_id}")
-            self._waking.add(task)
-            task.add_done_callback(self._waking.discard)
-
-    async def _let_go(self, lease: Lease) -> None:
-        if lease.session_id not in self._running:
-            self.hub.release(lease.session_id)
-        try:
-            await asyncio.wait_for(
-                self.kernel.release(lease.session_id, lease.epoch, self.runtime_id),
-                LET_GO_TIMEOUT_S,
-            )
-        except (KeelError, TimeoutError) as error:
-            # The window then ends at its time; nothing waits on it.
-            log.info("could not let %s go: %s", lease.session_id, error)
-
-    def _claim_failed(self, error: Exception) -> None:
-        """Says why a claim failed, once per outage for a kernel (or its
-        database) that is away (services.common.outage_log); a refusal
-        without a traceback; anything else, a bug, with its traceback."""
-        if isinstance(error, ServiceUnavailable):
-            runner_metrics.claim_failed("unavailable")
-            self._kernel_outage.failed(error)
-        elif isinstance(error, KeelError):
-            runner_metrics.claim_failed("refused")
-            log.warning("claim refused; retrying: %s", error)
-        else:
-            runner_metrics.claim_failed("error")
-            log.exception("claim failed; retrying")
-
-    async def _hand_back_unstarted(self, lease: Lease) -> None:
-        try:
-            await self.kernel.release(lease.session_id, lease.epoch, self.runtime_id)
-        except KeelError as error:
-            log.warning("could not hand back %s: %s", lease.session_id, error)
 
     async def _run(self, claim: Claim) -> None:
         lease = claim.lease
@@ -420,7 +273,7 @@ class Runtime:
                     error=f"attempt could not start: {error}",
                 )
         finally:
-            if lease.session_id not in self.sticky:
+            if lease.session_id not in self.intake.sticky:
                 self.hub.release(lease.session_id)
             self._running.pop(lease.session_id, None)
             self._slots.release()
@@ -542,7 +395,7 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError):
                 await renewal
         faults.hit("after_final_before_finish")
-        sticky_ms = self._sticky_window()
+        sticky_ms = self.intake.sticky_window()
         with tracing.span("keel.finish", attempt.trace_attributes):
             # The answer is committed: a kernel away for a moment must not
             # leave the session held until the lease's TTL.
@@ -557,7 +410,7 @@ class Runtime:
                 self.settings.lease_ms / 1000,
             )
         if finished is not None and finished.sticky_until_ms:
-            self.sticky.keep(lease, finished.sticky_until_ms)
+            self.intake.sticky.keep(lease, finished.sticky_until_ms)
             attempt.status("idle")
         runner_metrics.attempt_ended("done")
 
