@@ -15,7 +15,11 @@ How a row brings the doomed runner to its point (`Row.script`):
 - "compaction": long turns, one at a time, under a loadout with a small
   context window, until one of them makes a compaction due;
 - "cancel": its input is cancelled, as the edge does it, once the runner
-  works on it (runs a long tool call, or streams a long answer).
+  works on it (runs a long tool call, or streams a long answer);
+- "woken": its inputs one at a time, each once the one before is answered:
+  the runner keeps the session (KEEL_STICKY_MS, on by default) and runs
+  the later turns as wakes under its first epoch, so the kill lands in a
+  woken turn. The successor still takes over with the next epoch.
 """
 
 from __future__ import annotations
@@ -81,6 +85,20 @@ ROWS = [
     Row("mid_cancel-answer", "mid_cancel", (LONG_ANSWER,), script="cancel"),
     Row("after_final_before_finish-1", "after_final_before_finish", ("hello",)),
     Row("after_final_before_finish-2", "after_final_before_finish", ("hello", TWO_COUNTERS)),
+    Row("woken-after_watermark", "after_watermark@2", ("hello", "second"), script="woken"),
+    Row("woken-mid_tool", "mid_tool", ("hello", TWO_COUNTERS), script="woken"),
+    Row(
+        "woken-after_assistant_commit",
+        "after_assistant_commit",
+        ("hello", TWO_COUNTERS),
+        script="woken",
+    ),
+    Row(
+        "woken-after_final_before_finish",
+        "after_final_before_finish@2",
+        ("hello", "second"),
+        script="woken",
+    ),
 ]
 
 
@@ -116,6 +134,26 @@ async def compact_until_fault(
         if await eventually(fault_or_answer, f"turn {index} or FAULT {point}") == "fault":
             return seqs
     raise AssertionError(f"no compaction reached FAULT {point} in {MAX_TURNS} turns")
+
+
+async def turn_by_turn(
+    cluster: Cluster, session: str, doomed: ChildProcess, point: str, texts: list[str]
+) -> list[int]:
+    """Sends the inputs one at a time, each once the one before is answered,
+    until the doomed runner reaches `point`; returns the inputs' seqs."""
+    seqs: list[int] = []
+    for index, text in enumerate(texts):
+        seq = await cluster.send(session, text, f"r{index}")
+        seqs.append(seq)
+
+        async def fault_or_answer(seq: int = seq) -> str | None:
+            if f"FAULT {point}" in doomed.lines:
+                return "fault"
+            return "answered" if answered(await cluster.facts(session), seq) else None
+
+        if await eventually(fault_or_answer, f"input {index} or FAULT {point}") == "fault":
+            return seqs
+    raise AssertionError(f"the inputs never brought the runner to FAULT {point}")
 
 
 async def cancel_once_working(cluster: Cluster, session: str, *, on_call: bool) -> None:
@@ -172,12 +210,18 @@ async def test_successor_finishes_after_sigkill(cluster: Cluster, row: Row) -> N
     session = f"crash-{row.case.replace('_', '-')}"
     await cluster.new_session(session)
     texts = [text.replace("KEY", session) for text in row.inputs]
-    seqs = [await cluster.send(session, text, f"r{i}") for i, text in enumerate(texts)]
+    seqs = []
+    if row.script != "woken":
+        seqs = [await cluster.send(session, text, f"r{i}") for i, text in enumerate(texts)]
     if row.script == "compaction":
         await cluster.kernel.put_loadout("default", COMPACTING_LOADOUT)
 
     doomed = cluster.start_runner(KEEL_FAULT_POINT=row.fault)
-    if row.script == "compaction":
+    if row.script == "woken":
+        seqs = await turn_by_turn(cluster, session, doomed, row.point, texts)
+        starts = [f for f in await cluster.facts(session) if f.kind == "epoch_started"]
+        assert [f.data["epoch"] for f in starts] == [1], "the later turn was a wake of epoch 1"
+    elif row.script == "compaction":
         seqs += await compact_until_fault(cluster, session, doomed, row.point)
     elif row.script == "cancel":
         await cancel_once_working(cluster, session, on_call=row.inputs[-1] == LONG_TOOL)
