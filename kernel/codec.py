@@ -90,6 +90,7 @@ def finish_result_to_pb(result: FinishResult) -> pb.FinishResponse:
         not_before_ms=result.not_before_ms,
         parked_reason=result.parked_reason,
         sticky_until_ms=result.sticky_until_ms,
+        continued=result.continued,
     )
 
 
@@ -100,6 +101,7 @@ def finish_result_from_pb(message: pb.FinishResponse) -> FinishResult:
         not_before_ms=message.not_before_ms,
         parked_reason=message.parked_reason,
         sticky_until_ms=message.sticky_until_ms,
+        continued=message.continued,
     )
 
 

@@ -112,6 +112,8 @@ class FinishResult:
     parked_reason: str = ""
     # The end of the sticky window granted (0: none).
     sticky_until_ms: int = 0
+    # A window was asked for but a newer input came first: still held, go on.
+    continued: bool = False
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,8 @@ class Event(StrEnum):
     EXPIRE_DISCONNECT = "expire_disconnect"
     ENQUEUE = "enqueue"
     WAKE = "wake"
+    # A Finish that asked for a window found a newer input: held on.
+    CONTINUE = "continue"
 
 
 @dataclass(frozen=True)
@@ -407,13 +411,16 @@ def finish(
     kind: FailureKind = FailureKind.RETRYABLE,
     retry_after_ms: int = 0,
     sticky_ms: int = 0,
+    ttl_ms: int = 0,
 ) -> tuple[Transition, FinishResult]:
     """Settles an attempt.
 
     Success clears the failure counts; the session leaves the queue unless an
     input newer than `read_through` was announced. With `sticky_ms` and
     nothing newer, the holder keeps the session for that long (`sticky`): its
-    slot returns, its epoch stays, and the next input wakes it. A failure of `kind` is
+    slot returns, its epoch stays, and the next input wakes it; with a newer
+    input there already, the lease is held on for `ttl_ms` (`continued`) and
+    the holder answers that input at once, as if woken. A failure of `kind` is
     retried or parks the session by the rules of `kernel.retries` (a
     provider's `retry_after_ms` delays the next attempt); parked, the
     record's `last_error` says why.
@@ -421,6 +428,20 @@ def finish(
     check_holder(record, epoch, runtime_id, now_ms)
     ended = replace(record, state=LeaseState.FINISHED, expires_at_ms=now_ms, expired_by="")
     held_for = max(0, now_ms - record.claimed_at_ms)
+    if not failed and sticky_ms > 0 and ttl_ms > 0 and record.input_seq > read_through:
+        held_on = replace(
+            record,
+            expires_at_ms=now_ms + ttl_ms,
+            claimed_at_ms=now_ms,
+            failures=0,
+            rate_limits=0,
+            last_error="",
+            not_before_ms=0,
+        )
+        transition = Transition(record, held_on, event=Event.CONTINUE, duration_ms=held_for)
+        return transition, FinishResult(
+            requeued=False, parked=False, not_before_ms=0, continued=True
+        )
     if not failed:
         newer = record.input_seq > read_through
         updated = replace(

@@ -49,7 +49,8 @@ _releases = _meter.create_counter("keel.kernel.releases", description="leases ha
 _wakes = _meter.create_counter(
     "keel.kernel.wakes",
     description="inputs sent straight to the runner keeping their session in a sticky "
-    "window: the lease held again with the same epoch, no claim",
+    "window: the lease held again (or held on, when the input came before the runner's "
+    "Finish) with the same epoch, no claim",
 )
 _expirations = _meter.create_counter(
     "keel.kernel.expirations", description="leases expired, by cause (ttl, disconnect)"
@@ -147,7 +148,7 @@ class KernelMetrics:
                 lost_for = transition.record.claimed_at_ms - transition.before.expires_at_ms
                 _takeover.record(max(0, lost_for), expired_by)
                 names.append("reclaims")
-        elif event is Event.WAKE:
+        elif event in (Event.WAKE, Event.CONTINUE):
             _wakes.add(1)
             _queue_wait.record(transition.duration_ms)
             names.append("wakes")

@@ -415,6 +415,7 @@ class LeaseStore:
                 kind=kind,
                 retry_after_ms=retry_after_ms,
                 sticky_ms=sticky[0],
+                ttl_ms=self.lease_ms,
             )
 
         def before(tx: Tx) -> None:

@@ -240,7 +240,12 @@ class Runtime:
         lease = claim.lease
         granted_ns = time.time_ns()
         try:
-            await self._attempt(claim, granted_ns)
+            going_on: Claim | None = claim
+            while going_on is not None:
+                # A turn whose Finish found the next input there already goes
+                # on under the same lease (kernel.domain.finish: continued).
+                going_on = await self._attempt(going_on, granted_ns)
+                granted_ns = time.time_ns()
         except asyncio.CancelledError:
             raise
         except ServiceUnavailable as error:
@@ -292,7 +297,9 @@ class Runtime:
             self._providers[key] = provider
         return provider
 
-    async def _attempt(self, claim: Claim, granted_ns: int) -> None:
+    async def _attempt(self, claim: Claim, granted_ns: int) -> Claim | None:
+        """One attempt under `claim`'s lease; the claim of the next turn
+        when the kernel held the lease on for an input that came first."""
         lease = claim.lease
         services = AttemptServices(
             runtime_id=self.runtime_id,
@@ -332,14 +339,17 @@ class Runtime:
                 running.attempt = attempt
             try:
                 with _attempt_span(attempt, granted_ns):
-                    await self._work(attempt)
+                    going_on = await self._work(attempt)
             finally:
                 # Whatever the outcome, every fact it holds was committed.
                 self.fact_cache.keep(
                     lease.session_id, SessionHistory(attempt.facts, attempt.parsed)
                 )
+        return Claim(lease, document) if going_on else None
 
-    async def _work(self, attempt: Attempt) -> None:
+    async def _work(self, attempt: Attempt) -> bool:
+        """Drives the attempt and settles it; True when the kernel held the
+        lease on for a newer input (the caller goes on with it)."""
         lease = attempt.lease
         work = asyncio.current_task()
         assert work is not None
@@ -363,33 +373,33 @@ class Runtime:
         except asyncio.CancelledError:
             runner_metrics.attempt_ended("lost" if lost else "stopped")
             if lost:
-                return  # a successor owns it; our partials die with us
+                return False  # a successor owns it; our partials die with us
             raise  # stopped by a drain (which gives the lease back) or by stop()
         except Fenced:
             runner_metrics.attempt_ended("fenced")
             log.info("attempt on %s fenced off by a newer epoch", lease.session_id)
-            return
+            return False
         except HandoffStop as stop:
             runner_metrics.attempt_ended("handoff")
             log.info("handoff: %s stops at %s", lease.session_id, stop)
             await self._drainer.settle_at_boundary(attempt)
-            return
+            return False
         except ServiceUnavailable as error:
             # Keel itself is away (services.runner.outage): no failure is
             # counted, and the lease goes back as soon as the kernel answers.
             runner_metrics.attempt_ended("unavailable")
             log.warning("attempt on %s stopped: %s", lease.session_id, error)
             await self._hand_back(attempt)
-            return
+            return False
         except ProviderError as error:
             runner_metrics.attempt_ended("failed")
             await self._failed(attempt, str(error), failure_kind(error), error.retry_after_ms)
-            return
+            return False
         except Exception as error:  # a bug must not strand the session
             runner_metrics.attempt_ended("failed")
             log.exception("attempt on %s failed", lease.session_id)
             await self._failed(attempt, f"internal error: {error}", FailureKind.RETRYABLE)
-            return
+            return False
         finally:
             renewal.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -409,10 +419,11 @@ class Runtime:
                 ),
                 self.settings.lease_ms / 1000,
             )
+        runner_metrics.attempt_ended("done")
         if finished is not None and finished.sticky_until_ms:
             self.intake.sticky.keep(lease, finished.sticky_until_ms)
             attempt.status("idle")
-        runner_metrics.attempt_ended("done")
+        return finished is not None and finished.continued
 
     async def _hand_back(self, attempt: Attempt) -> None:
         lease = attempt.lease

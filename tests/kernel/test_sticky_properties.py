@@ -5,7 +5,8 @@ Runtime A answered input 1 under epoch 1. Then six things happen, each
 once, in every one of their 720 orders: A finishes asking for a window; the
 window's time passes; input 2 arrives; A's LeaseStream ends (no wake can
 reach it); runtime B claims whatever is claimable and answers it; A runs a
-wake it was given. Afterwards runners keep claiming until nothing is owed.
+wake it was given, or the lease held on for it when input 2 came before
+its Finish. Afterwards runners keep claiming until nothing is owed.
 
 A model runner answers, in one step, the inputs announced so far that no
 turn answered, and only under a lease that is valid at that moment. In
@@ -21,7 +22,7 @@ every order the store must keep:
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -92,9 +93,17 @@ class Race:
             read_through,
             sticky_ms=STICKY_MS if sticky else 0,
         )
-        self.ended.add(lease.epoch)
         record = self.stores.leases.record(self.session)
         assert record is not None
+        if result.continued:
+            # A newer input came before this Finish: held on, same epoch,
+            # for the same runtime to answer at once.
+            assert sticky and record.input_seq > read_through
+            assert record.live(self.stores.clock.now)
+            assert (record.epoch, record.runtime_id) == (lease.epoch, lease.runtime_id)
+            self.leases[-1] = replace(lease, expires_at_ms=record.expires_at_ms)
+            return
+        self.ended.add(lease.epoch)
         if result.sticky_until_ms:
             assert record.input_seq <= read_through, "kept with a newer input owed"
             self.kept = (lease.epoch, result.sticky_until_ms)
@@ -144,9 +153,10 @@ class Race:
         self.answer_and_finish(lease, sticky=False)
 
     def a_runs(self) -> None:
-        woken = self.leases[-1]
-        if woken.runtime_id == self.runtime(A) and len(self.leases) > 1 and self.valid(woken):
-            self.answer_and_finish(woken, sticky=True)
+        """A runs a turn under the lease it holds (woken, or held on)."""
+        held = self.leases[-1]
+        if held.runtime_id == self.runtime(A) and self.valid(held):
+            self.answer_and_finish(held, sticky=True)
 
     def settle(self) -> None:
         """Runners keep claiming (and A runs its wake) until nothing is owed."""

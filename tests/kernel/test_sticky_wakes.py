@@ -155,3 +155,29 @@ async def test_a_wake_carries_the_facts_its_input_came_with(
     await keeper.enqueue("s1", "t1", 2, facts=page)
     woken = await asyncio.wait_for(keeper.next_wake(), DEADLINE_S)
     assert woken.facts == (page if size <= MAX_WAKE_FACTS_BYTES else b"")
+
+
+async def test_an_input_before_the_finish_holds_the_lease_on(
+    kernel: KernelServer, keeper: KernelClient
+) -> None:
+    """The next input came while the turn was still held (its answer seen,
+    its Finish not yet sent): the Finish asking for a window holds the lease
+    on, same epoch, for the keeper to answer that input at once."""
+    await keeper.enqueue("s1", "t1", 1)
+    lease = await keeper.claim("A")
+    assert lease is not None
+    await keeper.enqueue("s1", "t1", 2)
+    held_on = await keeper.finish("s1", lease.epoch, "A", read_through=1, sticky_ms=WINDOW_MS)
+    assert held_on.continued and not held_on.requeued and held_on.sticky_until_ms == 0
+    info = await keeper.get_lease("s1")
+    assert info.lease is not None and info.lease.epoch == lease.epoch
+    assert leases(kernel).slots("t1")[0] == 1, "still held: its slot too"
+    kept_now = await keeper.finish("s1", lease.epoch, "A", read_through=2, sticky_ms=WINDOW_MS)
+    assert kept_now.sticky_until_ms > 0 and not kept_now.continued
+    # Without a window asked for, the same race re-queues the session instead.
+    await keeper.enqueue("s2", "t1", 1)
+    other = await keeper.claim("A")
+    assert other is not None and other.session_id == "s2"
+    await keeper.enqueue("s2", "t1", 2)
+    requeued = await keeper.finish("s2", other.epoch, "A", read_through=1)
+    assert requeued.requeued and not requeued.continued

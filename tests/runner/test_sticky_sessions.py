@@ -193,3 +193,25 @@ def started(epoch: int, runtime_id: str, watermark: int = 2) -> dict[str, object
 
 def answer(generation: str, input_seqs: list[int]) -> dict[str, object]:
     return {"generationId": generation, "content": [], "inputSeqs": input_seqs}
+
+
+async def test_inputs_sent_as_soon_as_each_answer_shows_stay_on_one_epoch(
+    cluster: Cluster,
+) -> None:
+    """A client that sends its next input the moment it sees an answer races
+    the runner's Finish: the input is either a wake or holds the lease on,
+    never a claim of its own."""
+    runner = cluster.start_runner(**LONG_WINDOW)
+    await cluster.runner_ready(runner)
+    await cluster.new_session("eager")
+    stream = cluster.ledger.subscribe("eager", 0)
+    for turn in range(6):
+        seq = await cluster.send("eager", f"turn {turn}", f"r{turn}")
+        async for fact in stream:
+            if fact.kind == "assistant" and seq in (fact.data.get("inputSeqs") or ()):
+                break
+    await cluster.settled("eager")
+    facts = await cluster.facts("eager")
+    assert_recovered(facts)
+    assert epochs_of(facts, "epoch_started") == [1]
+    assert epochs_of(facts, "assistant") == [1] * 6

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from services.common.config import Settings
 from services.runner.tool_state import counter_store
 from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
@@ -44,8 +46,11 @@ async def test_tool_calls_get_exactly_one_result_each(cluster: Cluster) -> None:
     assert counter.value("t1") == 1
 
 
-async def test_inputs_arriving_mid_attempt_are_answered_next(cluster: Cluster) -> None:
-    runner = cluster.start_runner()
+@pytest.mark.parametrize("sticky_ms", ["30000", "0"], ids=["sticky", "cold"])
+async def test_inputs_arriving_mid_attempt_are_answered_next(
+    cluster: Cluster, sticky_ms: str
+) -> None:
+    runner = cluster.start_runner(KEEL_STICKY_MS=sticky_ms)
     await cluster.runner_ready(runner)
     await cluster.new_session("mid")
     first = await cluster.send("mid", "/slow 1 first answer", "r1")
@@ -60,8 +65,13 @@ async def test_inputs_arriving_mid_attempt_are_answered_next(cluster: Cluster) -
     assert_recovered(facts)
     answers = {tuple(f.data["inputSeqs"]): f for f in facts if f.kind == "assistant"}
     assert (first,) in answers and (second,) in answers
-    # The second input was above the first attempt's watermark: a new attempt.
-    assert len([f for f in facts if f.kind == "epoch_started"]) == 2
+    # The second input was above the first attempt's watermark: a turn of its
+    # own. A runner keeping the session runs it under the same lease (its
+    # Finish found the input and held the lease on); one that keeps nothing
+    # claims it again, with a new epoch.
+    starts = [f.data["epoch"] for f in facts if f.kind == "epoch_started"]
+    assert starts == ([1] if sticky_ms != "0" else [1, 2])
+    assert answers[(second,)].epoch == starts[-1]
 
 
 async def test_provider_failure_is_retried_then_answered(cluster: Cluster) -> None:

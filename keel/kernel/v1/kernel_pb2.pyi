@@ -692,6 +692,7 @@ class FinishResponse(_message.Message):
     NOT_BEFORE_MS_FIELD_NUMBER: _builtins.int
     PARKED_REASON_FIELD_NUMBER: _builtins.int
     STICKY_UNTIL_MS_FIELD_NUMBER: _builtins.int
+    CONTINUED_FIELD_NUMBER: _builtins.int
     requeued: _builtins.bool
     parked: _builtins.bool
     not_before_ms: _builtins.int
@@ -700,6 +701,11 @@ class FinishResponse(_message.Message):
     """Why the session was parked ("" unless parked)."""
     sticky_until_ms: _builtins.int
     """The end of the sticky window granted (0: none; the session is free)."""
+    continued: _builtins.bool
+    """Asked for a window, but an input newer than read_through came first:
+    the lease stays held (same epoch, renewed) and the caller goes on with
+    that input at once, as if woken.
+    """
     def __init__(
         self,
         *,
@@ -708,10 +714,11 @@ class FinishResponse(_message.Message):
         not_before_ms: _builtins.int = ...,
         parked_reason: _builtins.str = ...,
         sticky_until_ms: _builtins.int = ...,
+        continued: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["not_before_ms", b"not_before_ms", "parked", b"parked", "parked_reason", b"parked_reason", "requeued", b"requeued", "sticky_until_ms", b"sticky_until_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["continued", b"continued", "not_before_ms", b"not_before_ms", "parked", b"parked", "parked_reason", b"parked_reason", "requeued", b"requeued", "sticky_until_ms", b"sticky_until_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
