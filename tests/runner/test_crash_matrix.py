@@ -140,7 +140,8 @@ async def turn_by_turn(
     cluster: Cluster, session: str, doomed: ChildProcess, point: str, texts: list[str]
 ) -> list[int]:
     """Sends the inputs one at a time, each once the one before is answered,
-    until the doomed runner reaches `point`; returns the inputs' seqs."""
+    until the doomed runner reaches `point` (or all are sent); returns the
+    inputs' seqs."""
     seqs: list[int] = []
     for index, text in enumerate(texts):
         seq = await cluster.send(session, text, f"r{index}")
@@ -153,7 +154,9 @@ async def turn_by_turn(
 
         if await eventually(fault_or_answer, f"input {index} or FAULT {point}") == "fault":
             return seqs
-    raise AssertionError(f"the inputs never brought the runner to FAULT {point}")
+    # A point after the final answer (after_final_before_finish) comes once
+    # the last input is answered: the caller waits for it.
+    return seqs
 
 
 async def cancel_once_working(cluster: Cluster, session: str, *, on_call: bool) -> None:
