@@ -43,7 +43,7 @@ LONG_TOOL = '/tool sleep {"seconds": 600}'
 LONG_ANSWER = "/slow 600 an answer only a cancel ends"
 LONG_TURN = "/long 300"
 # The compaction row's loadout makes a compaction due within a few
-# LONG_TURNs; this many without one is a failure.
+# LONG_TURNs; this many without one is a failure (no FAULT line comes).
 MAX_TURNS = 12
 COMPACTING_LOADOUT = {
     "model": {"provider": "scripted", "name": "scripted-1", "contextWindow": 2400},
@@ -114,26 +114,6 @@ async def cluster(settings: Settings) -> AsyncIterator[Cluster]:
 
 def answered(facts: list[CommittedFact], seq: int) -> bool:
     return any(seq in (f.data.get("inputSeqs") or ()) for f in facts if f.kind == "assistant")
-
-
-async def compact_until_fault(
-    cluster: Cluster, session: str, doomed: ChildProcess, point: str
-) -> list[int]:
-    """Sends one long turn at a time until the doomed runner reaches `point`
-    in the compaction the turns make due; returns the inputs' seqs."""
-    seqs: list[int] = []
-    for index in range(MAX_TURNS):
-        seq = await cluster.send(session, LONG_TURN, f"turn-{index}")
-        seqs.append(seq)
-
-        async def fault_or_answer(seq: int = seq) -> str | None:
-            if f"FAULT {point}" in doomed.lines:
-                return "fault"
-            return "answered" if answered(await cluster.facts(session), seq) else None
-
-        if await eventually(fault_or_answer, f"turn {index} or FAULT {point}") == "fault":
-            return seqs
-    raise AssertionError(f"no compaction reached FAULT {point} in {MAX_TURNS} turns")
 
 
 async def turn_by_turn(
@@ -225,7 +205,8 @@ async def test_successor_finishes_after_sigkill(cluster: Cluster, row: Row) -> N
         starts = [f for f in await cluster.facts(session) if f.kind == "epoch_started"]
         assert [f.data["epoch"] for f in starts] == [1], "the later turn was a wake of epoch 1"
     elif row.script == "compaction":
-        seqs += await compact_until_fault(cluster, session, doomed, row.point)
+        # Long turns one at a time until one makes a compaction due.
+        seqs += await turn_by_turn(cluster, session, doomed, row.point, [LONG_TURN] * MAX_TURNS)
     elif row.script == "cancel":
         await cancel_once_working(cluster, session, on_call=row.inputs[-1] == LONG_TOOL)
     await doomed.line(lambda line: line == f"FAULT {row.point}", deadline_s=DEADLINE_S)
