@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -68,6 +69,7 @@ _IDEMPOTENT_METHODS = (
 )
 
 R = TypeVar("R")
+log = logging.getLogger("keel.kernel.client")
 
 
 @dataclass(frozen=True)
@@ -297,7 +299,16 @@ class KernelClient:
         self._leases.accept_wakes = True
         while True:
             response, link = await self._leases.wakes.get()
-            claim = await self._claim_of(response, link)
+            try:
+                claim = await self._claim_of(response, link)
+            except KeelError as error:
+                # Its loadout could not be read (the kernel's database is
+                # away): the lease goes back rather than waiting out its TTL.
+                log.warning("wake of %s not taken: %s", response.lease.session_id, error)
+                with contextlib.suppress(KeelError):
+                    lease = response.lease
+                    await self.release(lease.session_id, lease.epoch, lease.runtime_id)
+                continue
             if claim is not None:
                 return claim
 

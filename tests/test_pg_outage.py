@@ -340,11 +340,18 @@ def _first_answer_s(ledgers: Iterable[list[dict[str, Any]]], back_at_ms: int) ->
 
 
 async def _settled(http: httpx.AsyncClient, sessions: list[str]) -> None:
+    views: list[httpx.Response] = []
+
     async def all_settled() -> bool:
-        views = [await http.get(f"/v1/sessions/{s}") for s in sessions]
+        views[:] = [await http.get(f"/v1/sessions/{s}") for s in sessions]
         return all(v.status_code == 200 and not v.json()["owedInputs"] for v in views)
 
-    await _eventually(all_settled, SETTLE_DEADLINE_S, "every input answered")
+    try:
+        await _eventually(all_settled, SETTLE_DEADLINE_S, "every input answered")
+    except AssertionError as late:
+        # What the sessions still owing say of themselves (status, owner).
+        owing = [v.text[:400] for v in views if v.status_code != 200 or v.json()["owedInputs"]]
+        raise AssertionError(f"{late}; still owing: {owing}") from None
 
 
 @pytest.mark.slow

@@ -186,7 +186,15 @@ class Intake:
 
     async def _wake_loop(self) -> None:
         while True:
-            claim = await self._kernel.next_wake()
+            try:
+                claim = await self._kernel.next_wake()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A bug must not end the loop: every later wake would wait
+                # out its lease's TTL.
+                log.exception("reading a wake failed")
+                continue
             self._spawn(self._woken(claim), f"wake-{claim.lease.session_id}")
 
     async def _woken(self, claim: Claim) -> None:

@@ -17,7 +17,7 @@ How a row brings the doomed runner to its point (`Row.script`):
 - "cancel": its input is cancelled, as the edge does it, once the runner
   works on it (runs a long tool call, or streams a long answer);
 - "woken": its inputs one at a time, each once the one before is answered:
-  the runner keeps the session (KEEL_STICKY_MS, on by default) and runs
+  the runner keeps the session (KEEL_STICKY_MS=30000) and runs
   the later turns as wakes under its first epoch, so the kill lands in a
   woken turn. The successor still takes over with the next epoch.
 """
@@ -199,7 +199,9 @@ async def test_successor_finishes_after_sigkill(cluster: Cluster, row: Row) -> N
     if row.script == "compaction":
         await cluster.kernel.put_loadout("default", COMPACTING_LOADOUT)
 
-    doomed = cluster.start_runner(KEEL_FAULT_POINT=row.fault)
+    # The woken rows need a runner that keeps sessions between turns.
+    sticky = {"KEEL_STICKY_MS": "30000"} if row.script == "woken" else {}
+    doomed = cluster.start_runner(KEEL_FAULT_POINT=row.fault, **sticky)
     if row.script == "woken":
         seqs = await turn_by_turn(cluster, session, doomed, row.point, texts)
         starts = [f for f in await cluster.facts(session) if f.kind == "epoch_started"]
