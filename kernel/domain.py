@@ -412,6 +412,7 @@ def finish(
     retry_after_ms: int = 0,
     sticky_ms: int = 0,
     ttl_ms: int = 0,
+    may_continue: bool = True,
 ) -> tuple[Transition, FinishResult]:
     """Settles an attempt.
 
@@ -420,7 +421,9 @@ def finish(
     nothing newer, the holder keeps the session for that long (`sticky`): its
     slot returns, its epoch stays, and the next input wakes it; with a newer
     input there already, the lease is held on for `ttl_ms` (`continued`) and
-    the holder answers that input at once, as if woken. A failure of `kind` is
+    the holder answers that input at once, as if woken, unless other
+    sessions of the tenant wait in the queue (`may_continue` False): then it
+    is re-queued behind them. A failure of `kind` is
     retried or parks the session by the rules of `kernel.retries` (a
     provider's `retry_after_ms` delays the next attempt); parked, the
     record's `last_error` says why.
@@ -428,7 +431,8 @@ def finish(
     check_holder(record, epoch, runtime_id, now_ms)
     ended = replace(record, state=LeaseState.FINISHED, expires_at_ms=now_ms, expired_by="")
     held_for = max(0, now_ms - record.claimed_at_ms)
-    if not failed and sticky_ms > 0 and ttl_ms > 0 and record.input_seq > read_through:
+    can_hold_on = may_continue and sticky_ms > 0 and ttl_ms > 0
+    if not failed and can_hold_on and record.input_seq > read_through:
         held_on = replace(
             record,
             expires_at_ms=now_ms + ttl_ms,

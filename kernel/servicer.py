@@ -397,6 +397,12 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         # In the caller's context, as asyncio.to_thread would run it (its span).
         run = functools.partial(contextvars.copy_context().run, enqueue)
         woken = await asyncio.get_running_loop().run_in_executor(self._enqueues, run)
+        log.debug(
+            "enqueue of %s at %d: %s",
+            request.session_id,
+            request.input_seq,
+            "wake" if woken is not None else "queued",
+        )
         if woken is not None:
             facts = request.facts if len(request.facts) <= MAX_WAKE_FACTS_BYTES else b""
             # Shielded: a caller that leaves now must not strand the woken
@@ -414,6 +420,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
             wake = await self._claimed(woken, route.known)
             wake.facts = facts
             if route.send_wake(wake):
+                log.debug("wake of %s sent to %s", lease.session_id, lease.runtime_id)
                 return
         log.info("wake of %s found no stream of %s: released", lease.session_id, lease.runtime_id)
         await asyncio.to_thread(

@@ -218,7 +218,13 @@ class LeaseStore:
             record = queued.record
             if record.state is not LeaseState.STICKY:
                 return None
-            wakeable = record.sticky(now) and can_wake is not None and can_wake(record.runtime_id)
+            wakeable = (
+                record.sticky(now)
+                and can_wake is not None
+                and can_wake(record.runtime_id)
+                # A wake skips the queue: only into a slot nobody waits for.
+                and admission.spare(tx, session_id, now) >= 1
+            )
             # The slot is taken last: a full tenant ends the window instead.
             if wakeable and admission.take(tx, tenant_id):
                 woken = domain.wake(record, now, self.lease_ms)
@@ -401,6 +407,8 @@ class LeaseStore:
         """Settles an attempt; `sticky_ms` asks to keep the session for that
         long (not granted to a draining runtime)."""
         sticky = [sticky_ms]
+        # Holding the lease on for an input that came first skips the queue.
+        may_continue = [True]
 
         def decide(record: SessionRecord, now: int) -> tuple[Transition, FinishResult]:
             return domain.finish(
@@ -416,11 +424,15 @@ class LeaseStore:
                 retry_after_ms=retry_after_ms,
                 sticky_ms=sticky[0],
                 ttl_ms=self.lease_ms,
+                may_continue=may_continue[0],
             )
 
         def before(tx: Tx) -> None:
             if sticky_ms > 0 and _draining(tx, runtime_id):
                 sticky[0] = 0
+            if sticky[0] > 0:
+                # Holding on keeps the slot: only while nobody waits for one.
+                may_continue[0] = admission.spare(tx, session_id, self._clock()) >= 0
 
         return self._on_lease(session_id, decide, before=before)
 

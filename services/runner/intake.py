@@ -195,6 +195,7 @@ class Intake:
                 # out its lease's TTL.
                 log.exception("reading a wake failed")
                 continue
+            log.debug("wake of %s epoch %d", claim.lease.session_id, claim.lease.epoch)
             self._spawn(self._woken(claim), f"wake-{claim.lease.session_id}")
 
     async def _woken(self, claim: Claim) -> None:
@@ -208,6 +209,7 @@ class Intake:
             await asyncio.wait({earlier.task})
         full = self._slots.locked() and not self._claim_has_slot
         if self._draining() or full or lease.session_id in self._running:
+            log.debug("wake of %s handed back", lease.session_id)
             self._hub.release(lease.session_id)
             await self.hand_back(lease)
             return

@@ -239,6 +239,7 @@ class Runtime:
     async def _run(self, claim: Claim) -> None:
         lease = claim.lease
         granted_ns = time.time_ns()
+        log.debug("run %s epoch %d", lease.session_id, lease.epoch)
         try:
             going_on: Claim | None = claim
             while going_on is not None:
@@ -420,6 +421,7 @@ class Runtime:
                 self.settings.lease_ms / 1000,
             )
         runner_metrics.attempt_ended("done")
+        log.debug("finished %s epoch %d: %s", lease.session_id, lease.epoch, finished)
         if finished is not None and finished.sticky_until_ms:
             self.intake.sticky.keep(lease, finished.sticky_until_ms)
             attempt.status("idle")

@@ -144,6 +144,66 @@ async def test_a_tenant_with_no_free_slot_ends_the_window_instead_of_waking(
     assert claimed is not None and (claimed.session_id, claimed.epoch) == ("s1", lease.epoch + 1)
 
 
+async def test_an_input_does_not_wake_its_keeper_ahead_of_sessions_waiting_for_a_slot(
+    kernel: KernelServer, keeper: KernelClient, other: KernelClient
+) -> None:
+    """A wake skips the queue; with another session of the tenant queued it
+    would take the slot that one waits for, every time an input comes. It
+    queues behind it instead, and the slot goes in queue order."""
+    await other.put_loadout("t1", {"maxConcurrentRuns": 1})
+    lease = await kept(keeper, "s1")
+    await other.enqueue("s2", "t1", 1)  # queued, not claimed yet
+
+    await other.enqueue("s1", "t1", 2)
+    assert state_of(kernel, "s1") is LeaseState.RELEASED
+    assert leases(kernel).slots("t1")[0] == 0, "no slot was taken by a wake"
+    first = await other.claim("B")
+    assert first is not None and first.session_id == "s2"
+    await other.finish("s2", first.epoch, "B", read_through=1)
+    then = await other.claim("B")
+    assert then is not None and (then.session_id, then.epoch) == ("s1", lease.epoch + 1)
+
+
+async def test_a_finish_does_not_hold_the_lease_on_while_others_wait_for_a_slot(
+    kernel: KernelServer, keeper: KernelClient, other: KernelClient
+) -> None:
+    """Held on turn after turn, a busy session would keep its slot for as
+    long as its inputs come faster than its answers; with another session of
+    the tenant waiting, the Finish re-queues it behind that one."""
+    await other.put_loadout("t1", {"maxConcurrentRuns": 1})
+    await keeper.enqueue("s1", "t1", 1)
+    lease = await keeper.claim("A")
+    assert lease is not None
+    await other.enqueue("s2", "t1", 1)  # waits: the tenant's one slot is s1's
+    await keeper.enqueue("s1", "t1", 2)
+
+    finished = await keeper.finish("s1", lease.epoch, "A", read_through=1, sticky_ms=WINDOW_MS)
+    assert finished.requeued and not finished.continued and finished.sticky_until_ms == 0
+    first = await other.claim("B")
+    assert first is not None and first.session_id == "s2"
+    await other.finish("s2", first.epoch, "B", read_through=1)
+    then = await keeper.claim("A")
+    assert then is not None and (then.session_id, then.epoch) == ("s1", lease.epoch + 1)
+
+
+async def test_sessions_queued_with_slots_to_spare_hold_back_no_wake_and_no_holding_on(
+    kernel: KernelServer, keeper: KernelClient, other: KernelClient
+) -> None:
+    """Queued only until a claim reaches them, with a free slot each, other
+    sessions lose nothing to a wake or to a lease held on."""
+    await other.put_loadout("t1", {"maxConcurrentRuns": 3})
+    lease = await kept(keeper, "s1")
+    await other.enqueue("s2", "t1", 1)
+    await other.enqueue("s1", "t1", 2)
+    woken = await asyncio.wait_for(keeper.next_wake(), DEADLINE_S)
+    assert (woken.lease.session_id, woken.lease.epoch) == ("s1", lease.epoch)
+    await other.enqueue("s1", "t1", 3)
+    held_on = await keeper.finish("s1", lease.epoch, "A", read_through=2, sticky_ms=WINDOW_MS)
+    assert held_on.continued
+    waiting = await other.claim("B")
+    assert waiting is not None and waiting.session_id == "s2"
+
+
 @pytest.mark.parametrize("size", [100, MAX_WAKE_FACTS_BYTES + 1])
 async def test_a_wake_carries_the_facts_its_input_came_with(
     kernel: KernelServer, keeper: KernelClient, size: int
