@@ -11,7 +11,11 @@ comparable with each other even on a noisy machine:
 - `single_session_unary_per_s`: the single-session loop over unary `Append`
   calls instead of the client's pipelined `AppendStream`;
 - `cpu_us_per_append`: what each append cost in CPU, in the ledger process
-  and in the client (less noisy than rates on a shared machine).
+  and in the client (less noisy than rates on a shared machine);
+- `floor`: the one-session loop's floor (bench/grpc_floor.py): a Python
+  gRPC round trip with nothing behind it, and with one INSERT + COMMIT
+  behind it (on the event loop with psycopg's async connection, or in a
+  writer thread), each against raw.
 
 The ledger runs as its own OS process, as in production; the client is this
 process.
@@ -36,6 +40,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench.grpc_floor import measure_floor
 from services.common.config import Settings
 from services.ledger import FactToAppend, LedgerClient
 
@@ -202,6 +207,11 @@ def measure(database_url: str | None = None, count: int = 2000) -> dict[str, Any
         concurrent = asyncio.run(
             concurrent_sessions(target, client_settings, 64, max(count // 32, 20), pid)
         )
+        # An append request's size: one input fact of the loop above.
+        payload = json.dumps({"kind": "input", "data": {"text": "x" * 100}}).encode()
+        echo = measure_floor("echo", count, payload)
+        commit = measure_floor("commit", count, payload, ledger.url, ledger.schema)
+        thread = measure_floor("thread", count, payload, ledger.url, ledger.schema)
     return {
         "benchmark": "ledger",
         "database": "postgresql",
@@ -221,6 +231,17 @@ def measure(database_url: str | None = None, count: int = 2000) -> dict[str, Any
                 ("single_unary", unary),
                 ("concurrent_64", concurrent),
             )
+        },
+        # What one session's loop cannot beat in Python, whatever the ledger
+        # does: a gRPC round trip alone, and with one durable write behind it.
+        "floor": {
+            "grpc_round_trip_per_s": round(echo, 1),
+            "grpc_round_trip_us": round(1e6 / echo),
+            "grpc_plus_commit_per_s": round(commit, 1),
+            "grpc_plus_commit_vs_raw": round(commit / raw, 3),
+            # The same write on a blocking connection in a writer thread.
+            "grpc_plus_thread_commit_per_s": round(thread, 1),
+            "grpc_plus_thread_commit_vs_raw": round(thread / raw, 3),
         },
         "targets": {"single_vs_raw": 0.5, "concurrent_vs_raw": 2.0},
     }

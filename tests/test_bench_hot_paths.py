@@ -27,6 +27,11 @@ def test_the_ledger_benchmark_compares_the_stream_with_unary_calls(postgres_url:
     for figure in ("raw_insert_per_s", "single_session_per_s", "single_session_unary_per_s"):
         assert result[figure] > 0, figure
     assert set(result["cpu_us_per_append"]) == {"single", "single_unary", "concurrent_64"}
+    # The floor's stand-ins served and answered: a round trip, and one with a
+    # durable write behind it.
+    floor = result["floor"]
+    assert floor["grpc_round_trip_per_s"] > 0 and floor["grpc_plus_commit_per_s"] > 0
+    assert floor["grpc_plus_commit_vs_raw"] > 0
 
 
 def test_the_rebuild_benchmark_reads_and_rebuilds_a_whole_session(postgres_url: str) -> None:
