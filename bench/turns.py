@@ -14,6 +14,10 @@ committed (services/common/hops.py), with `calls_by_method` and
 `commits_by_store` per turn. They include what runs on a timer meanwhile
 (heartbeats, renewals, the reconciler); tests/test_turn_hops.py counts one
 turn exactly, without those.
+
+`layout="split"` runs the ledger, the kernel and the runner each in a
+process of its own (bench/split_cluster.py), as `keel up --processes` does;
+its CPU per turn is every process's, and the counts are left out.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from bench.cluster import BenchCluster, start
+from bench.split_cluster import SplitCluster, start_split
 from kernel import KernelClient
 from services.common import event_loop, hops
 from services.ledger import LedgerClient
@@ -71,14 +76,34 @@ def cost_figures(spent: hops.Hops, cpu_s: float, turns: int) -> dict[str, Any]:
 
 
 async def _run(
-    database_url: str | None, sessions: int, turns: int, window: Window
+    database_url: str | None, sessions: int, turns: int, window: Window, layout: str
 ) -> dict[str, Any]:
-    cluster = await start(database_url, with_edge=False, concurrency=sessions)
+    cluster: BenchCluster | SplitCluster
+    if layout == "split":
+        cluster = await start_split(database_url, concurrency=sessions)
+        targets = (cluster.ledger_target, cluster.kernel_target)
+    else:
+        cluster = await start(database_url, with_edge=False, concurrency=sessions)
+        targets = (cluster.ledger.target, cluster.kernel.target)
     latencies: list[float] = []
+    names = [f"turns-{n}" for n in range(sessions)]
+
+    async def settled() -> None:
+        if isinstance(cluster, SplitCluster):
+            await cluster.settle(names)
+        else:
+            await settle(cluster)
+
+    by_process: dict[str, float] = {}
+
+    def cpu_now() -> float:
+        own = time.process_time()
+        return own + cluster.cpu_s() if isinstance(cluster, SplitCluster) else own
+
     try:
         async with (
-            LedgerClient(cluster.ledger.target) as ledger,
-            KernelClient(cluster.kernel.target) as kernel,
+            LedgerClient(targets[0], cluster.settings) as ledger,
+            KernelClient(targets[1], cluster.settings) as kernel,
         ):
 
             async def session(n: int) -> None:
@@ -101,27 +126,43 @@ async def _run(
 
             # Warm-up: connections, prepared statements, the provider.
             await session(-1)
-            await settle(cluster)
+            await settled()
             latencies.clear()
             with window():
                 before = hops.snapshot()
-                cpu_before = time.process_time()
+                cpu_before = cpu_now()
+                if isinstance(cluster, SplitCluster):
+                    by_process.update({k: -v for k, v in cluster.cpu_by_process().items()})
+                    by_process["client"] = -time.process_time()
                 started = time.perf_counter()
                 await asyncio.gather(*(session(n) for n in range(sessions)))
                 elapsed = time.perf_counter() - started
-                await settle(cluster)
-                cpu_s = time.process_time() - cpu_before
+                await settled()
+                cpu_s = cpu_now() - cpu_before
+                if isinstance(cluster, SplitCluster):
+                    for name, spent_s in cluster.cpu_by_process().items():
+                        by_process[name] += spent_s
+                    by_process["client"] += time.process_time()
                 spent = hops.snapshot().since(before)
     finally:
         await cluster.stop()
+    costs = cost_figures(spent, cpu_s, len(latencies))
+    if layout == "split":
+        # Counted in the service processes, not here.
+        costs = {k: v for k, v in costs.items() if k in ("cpu_s", "cpu_ms_per_turn")}
+        # Each process's CPU per turn (the client plays the edge's part).
+        costs["cpu_ms_per_turn_by_process"] = {
+            name: round(spent_s * 1000 / len(latencies), 2) for name, spent_s in by_process.items()
+        }
     return {
         "benchmark": "turns",
+        "layout": layout,
         "sessions": sessions,
         "turns_per_session": turns,
         "turns_per_s": round(len(latencies) / elapsed, 1),
         "latency_p50_ms": round(statistics.median(latencies), 2),
         "latency_p99_ms": round(percentile(latencies, 0.99), 2),
-        **cost_figures(spent, cpu_s, len(latencies)),
+        **costs,
     }
 
 
@@ -130,5 +171,8 @@ def measure(
     sessions: int = 50,
     turns: int = 10,
     window: Window = contextlib.nullcontext,
+    layout: str = "one",
 ) -> dict[str, Any]:
-    return event_loop.run(_run(database_url, sessions, turns, window), runs_attempts=True)
+    if layout not in ("one", "split"):
+        raise ValueError(f"layout must be 'one' or 'split', got {layout!r}")
+    return event_loop.run(_run(database_url, sessions, turns, window, layout), runs_attempts=True)

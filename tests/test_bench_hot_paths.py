@@ -22,6 +22,16 @@ def test_the_turns_benchmark_reports_cpu_calls_and_commits(postgres_url: str) ->
     assert set(result["commits_by_store"]) == {"kernel", "ledger"}
 
 
+def test_the_turns_benchmark_splits_the_services_over_processes(postgres_url: str) -> None:
+    """`--layout split`: every answer came through a ledger, a kernel and a
+    runner in processes of their own, and each one's CPU is told apart."""
+    result = measure_turns(postgres_url, sessions=2, turns=2, layout="split")
+    assert result["layout"] == "split" and result["turns_per_s"] > 0
+    by_process = result["cpu_ms_per_turn_by_process"]
+    assert set(by_process) == {"ledger", "kernel", "runner", "client"}
+    assert all(spent > 0 for spent in by_process.values()), by_process
+
+
 def test_the_ledger_benchmark_compares_the_stream_with_unary_calls(postgres_url: str) -> None:
     result = measure_ledger(postgres_url, count=40)
     for figure in ("raw_insert_per_s", "single_session_per_s", "single_session_unary_per_s"):

@@ -668,13 +668,23 @@ def bench_turns(
     as_json: JsonFlag = False,
     sessions: Annotated[int, typer.Option(min=1, help="sessions running at once")] = 50,
     turns: Annotated[int, typer.Option(min=1, help="turns per session")] = 10,
+    layout: Annotated[
+        str,
+        typer.Option(
+            help="one: every service in this process; split: ledger, kernel and runner "
+            "each in its own process, as keel up --processes",
+        ),
+    ] = "one",
 ) -> None:
     """Input committed -> final answer committed, concurrent sessions, instant model."""
     from bench.turns import measure
 
+    if layout not in ("one", "split"):
+        raise typer.BadParameter("one or split", param_hint="--layout")
+
     # Every service runs in this process here: its heap settled as keel up's.
     settle_heap()
-    _print_json(measure(database_url, sessions, turns), as_json)
+    _print_json(measure(database_url, sessions, turns, layout=layout), as_json)
 
 
 @bench_app.command("peers")
