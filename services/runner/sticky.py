@@ -9,7 +9,8 @@ is what the runner does meanwhile:
 
 - the session's partial hub stays open, so an edge watching its attempt
   keeps watching and sees the next turn's deltas on the same watch;
-- a timer lets the session go when the window is over (hub closed);
+- a timer lets the session go a moment after the window is over (hub
+  closed; OVERHANG_MS says why the moment);
 - the window ends early when the runner drains (every kept session is
   handed back at once) or when the fact cache evicts the session's facts to
   stay within its bound (memory pressure): keeping a session whose facts
@@ -30,6 +31,13 @@ from dataclasses import dataclass
 from kernel import Lease
 
 log = logging.getLogger("keel.runner.sticky")
+
+# The kernel's clock ends the window (the end it granted is in its time); a
+# wake it decided just before that end may reach this runner a moment later,
+# or this host's clock may run a little ahead. The hold outlives the window
+# by this much so that such a wake still finds the session's hub open (the
+# edge watching it sees the turn's deltas). Nothing else waits on it.
+OVERHANG_MS = 2_000
 
 
 @dataclass
@@ -56,7 +64,7 @@ class StickyHolds:
     def keep(self, lease: Lease, until_ms: int) -> None:
         self.take(lease.session_id)
         loop = asyncio.get_running_loop()
-        delay_s = max(0.0, (until_ms - time.time() * 1000) / 1000)
+        delay_s = max(0.0, (until_ms + OVERHANG_MS - time.time() * 1000) / 1000)
         timer = loop.call_later(delay_s, self._over, lease.session_id)
         self._holds[lease.session_id] = Hold(lease, until_ms, timer)
 
