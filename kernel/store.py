@@ -166,9 +166,16 @@ class LeaseStore:
         return None if row is None else _record(row)
 
     def _apply(
-        self, tx: Tx, transition: Transition, done: list[Transition], slots: bool = True
+        self,
+        tx: Tx,
+        transition: Transition,
+        done: list[Transition],
+        slots: bool = True,
+        write: bool = True,
     ) -> None:
-        if transition.changed:
+        """Writes the transition's record (`write` False: a later transition
+        of the same row in this transaction writes both) and its slot change."""
+        if write and transition.changed:
             tx.execute(_UPDATE, _params(transition.record))
         if slots and transition.slot_delta:
             admission.adjust(tx, {transition.record.tenant_id: transition.slot_delta})
@@ -208,22 +215,26 @@ class LeaseStore:
                 )
                 record = self._load(tx, session_id)
                 assert record is not None
+                # A tenant's first session: its slot counter. (Later ones
+                # find it; a missing one is made by admission.take.)
+                admission.ensure_counter(tx, tenant_id)
             if record.tenant_id != tenant_id:
                 raise InvalidArgument(
                     f"session {session_id!r} belongs to another tenant", field="tenant_id"
                 )
             queued = domain.enqueue(record, input_seq, unpark, now)
-            self._apply(tx, queued, done)
-            admission.ensure_counter(tx, tenant_id)
             record = queued.record
             if record.state is not LeaseState.STICKY:
+                self._apply(tx, queued, done)
                 return None
+            # The window's outcome below writes the row once, queue fields too.
+            self._apply(tx, queued, done, write=False)
             wakeable = (
                 record.sticky(now)
                 and can_wake is not None
                 and can_wake(record.runtime_id)
                 # A wake skips the queue: only into a slot nobody waits for.
-                and admission.spare(tx, session_id, now) >= 1
+                and admission.spare(tx, session_id, now, tenant_id) >= 1
             )
             # The slot is taken last: a full tenant ends the window instead.
             if wakeable and admission.take(tx, tenant_id):
