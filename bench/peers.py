@@ -15,7 +15,8 @@ process. Keel is then measured in this process.
 Figures per system: one session's p50/p99 (`one_session_turns` turns in
 sequence) and turns/s of `sessions` sessions at once (`turns_per_session`
 each), and CPU per turn: a peer program's process (PostgreSQL's own not
-counted, as for Keel, whose services all run in this process). Every
+counted, as for Keel, whose services all run in this process, or with
+`layout="split"` in processes of their own, each counted). Every
 percentile is taken here, with bench/turns.py's code, from the latencies
 each program reports. `keel_vs_best_peer` divides Keel's figure by
 the best peer's (the lowest latency or CPU, the highest turns/s): a latency
@@ -71,6 +72,8 @@ class PeersOptions:
     one_session_turns: int = 100
     sessions: int = 50
     turns_per_session: int = 10
+    # Keel's layout (bench/turns.py): "one" process, or "split" over processes.
+    layout: str = "one"
 
     @property
     def venv(self) -> Path:
@@ -138,6 +141,7 @@ def plan(options: PeersOptions) -> dict[str, Any]:
             {"sessions": 1, "turns_per_session": options.one_session_turns},
             {"sessions": options.sessions, "turns_per_session": options.turns_per_session},
         ],
+        "keel_layout": options.layout,
     }
 
 
@@ -266,14 +270,17 @@ def measure(options: PeersOptions) -> dict[str, Any]:
         reused = ensure_venv(options)
         for peer in options.peers:
             peers[peer] = run_peer(options, peer)
-    one = turns.measure(options.database_url, 1, options.one_session_turns)
-    many = turns.measure(options.database_url, options.sessions, options.turns_per_session)
+    one = turns.measure(options.database_url, 1, options.one_session_turns, layout=options.layout)
+    many = turns.measure(
+        options.database_url, options.sessions, options.turns_per_session, layout=options.layout
+    )
     keel = keel_figures(one, many)
     return {
         "benchmark": "peers",
         "one_session_turns": options.one_session_turns,
         "sessions": options.sessions,
         "turns_per_session": options.turns_per_session,
+        "keel_layout": options.layout,
         "venv": str(options.venv) if options.peers else None,
         "venv_reused": reused,
         "systems": {**peers, "keel": keel},

@@ -55,7 +55,16 @@ def test_the_dry_run_plans_the_scratch_venv_and_every_run_without_making_any(
         {"sessions": 1, "turns_per_session": 100},
         {"sessions": 50, "turns_per_session": 10},
     ]
+    assert result["keel_layout"] == "one"
     assert not cache.exists(), "a dry run created the cache dir"
+
+
+def test_keels_layout_is_chosen_and_a_wrong_one_refused() -> None:
+    split = run_keel("bench", "peers", "--dry-run", "--json", "--layout", "split")
+    assert split.returncode == 0, split.stderr
+    assert json.loads(split.stdout)["keel_layout"] == "split"
+    wrong = run_keel("bench", "peers", "--dry-run", "--json", "--layout", "sideways")
+    assert wrong.returncode == 2 and "one or split" in wrong.stderr
 
 
 def test_a_complete_venv_is_reused_and_an_interrupted_one_made_again(tmp_path: Path) -> None:

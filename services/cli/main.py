@@ -701,6 +701,9 @@ def bench_peers(
     sessions: Annotated[int, typer.Option(min=1, help="sessions running at once")] = 50,
     turns: Annotated[int, typer.Option(min=1, help="turns per concurrent session")] = 10,
     dry_run: Annotated[bool, typer.Option(help="print the plan; install and run nothing")] = False,
+    layout: Annotated[
+        str, typer.Option(help="Keel's layout, as keel bench turns --layout: one or split")
+    ] = "one",
 ) -> None:
     """The same turn on LangGraph, DBOS and Keel in one run (peers in a scratch venv)."""
     from bench.cluster import DEFAULT_URL
@@ -710,8 +713,16 @@ def bench_peers(
         chosen = parse_peers(peers)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--peers") from error
+    if layout not in ("one", "split"):
+        raise typer.BadParameter("one or split", param_hint="--layout")
     options = PeersOptions(
-        database_url or DEFAULT_URL, chosen, cache_dir, one_session_turns, sessions, turns
+        database_url or DEFAULT_URL,
+        chosen,
+        cache_dir,
+        one_session_turns,
+        sessions,
+        turns,
+        layout=layout,
     )
     if dry_run:
         _print_json(plan(options), as_json)
