@@ -79,6 +79,12 @@ _SPARE_OF_SESSION = _SPARE.format(
 
 
 def spare(tx: Tx, session_id: str, now_ms: int, tenant_id: str = "") -> int:
+    """`free - waiting` of `free_and_waiting`."""
+    free, waiting = free_and_waiting(tx, session_id, now_ms, tenant_id)
+    return free - waiting
+
+
+def free_and_waiting(tx: Tx, session_id: str, now_ms: int, tenant_id: str = "") -> tuple[int, int]:
     """The free slots of `session_id`'s tenant (`tenant_id`, when the caller
     knows it) less its other sessions queued and due.
 
@@ -87,12 +93,13 @@ def spare(tx: Tx, session_id: str, now_ms: int, tenant_id: str = "") -> int:
     them, turn after turn while inputs keep coming; so a wake needs a spare
     slot (>= 1) and holding on needs none taken from anyone (>= 0). Sessions
     queued only until a claim loop reaches them, with slots to spare, are
-    not held back by either. One statement: this is on every warm turn."""
+    not held back by either. One statement: this is on every warm turn.
+    (`spare` is free less waiting.)"""
     if tenant_id:
         row = tx.one(_SPARE_OF_TENANT, (now_ms, session_id, MAX_COUNTED, tenant_id))
     else:
         row = tx.one(_SPARE_OF_SESSION, (now_ms, session_id, MAX_COUNTED, session_id))
-    return 0 if row is None else int(row[0]) - int(row[1])
+    return (0, 0) if row is None else (int(row[0]), int(row[1]))
 
 
 def adjust(tx: Tx, deltas: Mapping[str, int]) -> None:

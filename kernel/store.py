@@ -111,6 +111,18 @@ def _draining(tx: Tx, runtime_id: str) -> bool:
     return row is not None and row[0] != domain.DrainMode.NONE
 
 
+def _may_unblock(done: Sequence[Transition], slot_waiters: bool) -> bool:
+    # A row's last transition is what it is now (an Enqueue's queueing and
+    # the wake that follows it in the same transaction are one change).
+    now_is = {t.record.session_id: t.record for t in done}
+    changed = {t.record.session_id for t in done if t.changed and t.event is not domain.Event.RENEW}
+    for session_id in changed:
+        record = now_is[session_id]
+        if record.queued and not record.parked and record.state is not LeaseState.HELD:
+            return True  # claimable now, or once its not_before passes
+    return slot_waiters and any(t.slot_delta < 0 for t in done)
+
+
 def _latest_revision(tx: Tx, tenant_id: str) -> int | None:
     # One round trip inside the claim's transaction; the primary key
     # (tenant_id, revision) answers the MAX from its index.
@@ -181,9 +193,15 @@ class LeaseStore:
             admission.adjust(tx, {transition.record.tenant_id: transition.slot_delta})
         done.append(transition)
 
-    def _committed(self, done: Sequence[Transition]) -> None:
+    def _committed(self, done: Sequence[Transition], slot_waiters: bool = True) -> None:
+        """Counts the transitions, and wakes the waiting claims when one of
+        them may have made a session claimable: it is owed work and not held,
+        or it gave back a slot (`slot_waiters` False: the transaction found
+        no other session of the tenant queued, so no claim waits for it).
+        A warm turn (a wake, a Finish keeping the session) makes none: the
+        claims long-polling meanwhile would each run a claim for nothing."""
         self.metrics.record(done)
-        if any(t.event is not domain.Event.RENEW and t.changed for t in done):
+        if _may_unblock(done, slot_waiters):
             self._on_change()
 
     # -- the queue --
@@ -351,9 +369,11 @@ class LeaseStore:
         decide: Callable[[SessionRecord, int], tuple[Transition, R]],
         also: Callable[[Tx, Transition, int], None] | None = None,
         before: Callable[[Tx], None] | None = None,
+        slot_waiters: Callable[[], bool] = lambda: True,
     ) -> R:
         """Loads the session, expires its lease if past TTL, then `decide`s;
-        `also` writes more in the same transaction once the decision holds."""
+        `also` writes more in the same transaction once the decision holds;
+        `slot_waiters` says afterwards what `before` found (`_committed`)."""
         done: list[Transition] = []
 
         def work(tx: Tx) -> R | _Refused:
@@ -376,7 +396,7 @@ class LeaseStore:
             return result
 
         outcome = self._db.run(work)
-        self._committed(done)
+        self._committed(done, slot_waiters())
         if isinstance(outcome, _Refused):
             raise outcome.error
         return outcome
@@ -420,6 +440,8 @@ class LeaseStore:
         sticky = [sticky_ms]
         # Holding the lease on for an input that came first skips the queue.
         may_continue = [True]
+        # Whether another session of the tenant is queued (unknown: assume so).
+        others_queued = [True]
 
         def decide(record: SessionRecord, now: int) -> tuple[Transition, FinishResult]:
             return domain.finish(
@@ -443,9 +465,13 @@ class LeaseStore:
                 sticky[0] = 0
             if sticky[0] > 0:
                 # Holding on keeps the slot: only while nobody waits for one.
-                may_continue[0] = admission.spare(tx, session_id, self._clock()) >= 0
+                free, waiting = admission.free_and_waiting(tx, session_id, self._clock())
+                may_continue[0] = free >= waiting
+                others_queued[0] = waiting > 0
 
-        return self._on_lease(session_id, decide, before=before)
+        return self._on_lease(
+            session_id, decide, before=before, slot_waiters=lambda: others_queued[0]
+        )
 
     # -- expiry --
 

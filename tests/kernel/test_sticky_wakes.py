@@ -152,14 +152,16 @@ async def test_an_input_does_not_wake_its_keeper_ahead_of_sessions_waiting_for_a
     queues behind it instead, and the slot goes in queue order."""
     await other.put_loadout("t1", {"maxConcurrentRuns": 1})
     lease = await kept(keeper, "s1")
-    await other.enqueue("s2", "t1", 1)  # queued, not claimed yet
+    # Queued first. (Both may be queued within one millisecond: the queue
+    # then goes by session id, and s0 sorts first.)
+    await other.enqueue("s0", "t1", 1)
 
     await other.enqueue("s1", "t1", 2)
     assert state_of(kernel, "s1") is LeaseState.RELEASED
     assert leases(kernel).slots("t1")[0] == 0, "no slot was taken by a wake"
     first = await other.claim("B")
-    assert first is not None and first.session_id == "s2"
-    await other.finish("s2", first.epoch, "B", read_through=1)
+    assert first is not None and first.session_id == "s0"
+    await other.finish("s0", first.epoch, "B", read_through=1)
     then = await other.claim("B")
     assert then is not None and (then.session_id, then.epoch) == ("s1", lease.epoch + 1)
 
@@ -174,14 +176,16 @@ async def test_a_finish_does_not_hold_the_lease_on_while_others_wait_for_a_slot(
     await keeper.enqueue("s1", "t1", 1)
     lease = await keeper.claim("A")
     assert lease is not None
-    await other.enqueue("s2", "t1", 1)  # waits: the tenant's one slot is s1's
+    # Waits: the tenant's one slot is s1's. (Queued within the same
+    # millisecond as s1's re-queueing, s0 still goes first by id.)
+    await other.enqueue("s0", "t1", 1)
     await keeper.enqueue("s1", "t1", 2)
 
     finished = await keeper.finish("s1", lease.epoch, "A", read_through=1, sticky_ms=WINDOW_MS)
     assert finished.requeued and not finished.continued and finished.sticky_until_ms == 0
     first = await other.claim("B")
-    assert first is not None and first.session_id == "s2"
-    await other.finish("s2", first.epoch, "B", read_through=1)
+    assert first is not None and first.session_id == "s0"
+    await other.finish("s0", first.epoch, "B", read_through=1)
     then = await keeper.claim("A")
     assert then is not None and (then.session_id, then.epoch) == ("s1", lease.epoch + 1)
 
@@ -202,6 +206,33 @@ async def test_sessions_queued_with_slots_to_spare_hold_back_no_wake_and_no_hold
     assert held_on.continued
     waiting = await other.claim("B")
     assert waiting is not None and waiting.session_id == "s2"
+
+
+async def test_a_warm_turn_wakes_no_long_polling_claim(
+    kernel: KernelServer, keeper: KernelClient, other: KernelClient
+) -> None:
+    """A wake and a Finish that keeps the session make nothing claimable:
+    claims long-polling meanwhile are not woken to look for nothing. A Finish
+    that gives back a slot another queued session waits for does wake them."""
+    await other.put_loadout("t1", {"maxConcurrentRuns": 1})
+    lease = await kept(keeper, "s1")
+    quiet = kernel.waker.wakes
+    await other.enqueue("s1", "t1", 2)
+    await asyncio.wait_for(keeper.next_wake(), DEADLINE_S)
+    kept_again = await keeper.finish("s1", lease.epoch, "A", read_through=2, sticky_ms=WINDOW_MS)
+    assert kept_again.sticky_until_ms > 0
+    assert kernel.waker.wakes == quiet, "a warm turn woke the waiting claims"
+
+    await other.enqueue("s1", "t1", 3)
+    await asyncio.wait_for(keeper.next_wake(), DEADLINE_S)
+    woken_by_queue = kernel.waker.wakes
+    await other.enqueue("s2", "t1", 1)  # waits: the one slot is s1's
+    assert kernel.waker.wakes > woken_by_queue, "a queued session woke nobody"
+    before_finish = kernel.waker.wakes
+    await keeper.finish("s1", lease.epoch, "A", read_through=3, sticky_ms=WINDOW_MS)
+    assert kernel.waker.wakes > before_finish, "the slot s2 waits for came back unannounced"
+    claimed = await other.claim("B")
+    assert claimed is not None and claimed.session_id == "s2"
 
 
 @pytest.mark.parametrize("size", [100, MAX_WAKE_FACTS_BYTES + 1])
