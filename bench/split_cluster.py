@@ -40,11 +40,8 @@ class SplitCluster:
     kernel_target: str
     children: list[Child]
 
-    def cpu_s(self) -> float:
-        """CPU seconds the service processes have used so far."""
-        return sum(self.cpu_by_process().values())
-
     def cpu_by_process(self) -> dict[str, float]:
+        """CPU seconds each service process has used so far."""
         return {child.name: process_cpu_s(child.process.pid) for child in self.children}
 
     async def settle(self, session_ids: list[str]) -> None:

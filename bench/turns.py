@@ -94,11 +94,13 @@ async def _run(
         else:
             await settle(cluster)
 
-    by_process: dict[str, float] = {}
-
-    def cpu_now() -> float:
-        own = time.process_time()
-        return own + cluster.cpu_s() if isinstance(cluster, SplitCluster) else own
+    def cpu_readings() -> dict[str, float]:
+        """CPU seconds so far: this process's (the client, and in one
+        process every service), and each service process's when split."""
+        readings = {"client": time.process_time()}
+        if isinstance(cluster, SplitCluster):
+            readings.update(cluster.cpu_by_process())
+        return readings
 
     try:
         async with (
@@ -130,19 +132,13 @@ async def _run(
             latencies.clear()
             with window():
                 before = hops.snapshot()
-                cpu_before = cpu_now()
-                if isinstance(cluster, SplitCluster):
-                    by_process.update({k: -v for k, v in cluster.cpu_by_process().items()})
-                    by_process["client"] = -time.process_time()
+                cpu_before = cpu_readings()
                 started = time.perf_counter()
                 await asyncio.gather(*(session(n) for n in range(sessions)))
                 elapsed = time.perf_counter() - started
                 await settled()
-                cpu_s = cpu_now() - cpu_before
-                if isinstance(cluster, SplitCluster):
-                    for name, spent_s in cluster.cpu_by_process().items():
-                        by_process[name] += spent_s
-                    by_process["client"] += time.process_time()
+                by_process = {k: v - cpu_before[k] for k, v in cpu_readings().items()}
+                cpu_s = sum(by_process.values())
                 spent = hops.snapshot().since(before)
     finally:
         await cluster.stop()
