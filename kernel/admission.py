@@ -86,15 +86,14 @@ def spare(tx: Tx, session_id: str, now_ms: int, tenant_id: str = "") -> int:
 
 def free_and_waiting(tx: Tx, session_id: str, now_ms: int, tenant_id: str = "") -> tuple[int, int]:
     """The free slots of `session_id`'s tenant (`tenant_id`, when the caller
-    knows it) less its other sessions queued and due.
+    knows it), and how many of its other sessions are queued and due.
 
     A wake and a lease held on for the next input skip the queue. Where the
     queue's sessions wait for a slot, skipping would take that slot from
     them, turn after turn while inputs keep coming; so a wake needs a spare
     slot (>= 1) and holding on needs none taken from anyone (>= 0). Sessions
     queued only until a claim loop reaches them, with slots to spare, are
-    not held back by either. One statement: this is on every warm turn.
-    (`spare` is free less waiting.)"""
+    not held back by either. One statement: this is on every warm turn."""
     if tenant_id:
         row = tx.one(_SPARE_OF_TENANT, (now_ms, session_id, MAX_COUNTED, tenant_id))
     else:
