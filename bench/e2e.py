@@ -148,7 +148,7 @@ def _start_keel(
             str(port),
             "--grpc-port",
             str(grpc_port),
-            *(["--processes"] if processes else []),
+            "--processes" if processes else "--embedded",
         ],
         env=env,
         stdout=subprocess.PIPE,

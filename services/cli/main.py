@@ -309,8 +309,14 @@ def up(
     http_port: Annotated[int, typer.Option("--http-port")] = 8080,
     grpc_port: GrpcPort = 8081,
     processes: Annotated[
-        bool, typer.Option("--processes", help="each service as its own OS process")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--processes/--embedded",
+            help="each service as its own OS process, or all in this one "
+            "(default: processes on PostgreSQL, embedded on SQLite)",
+            show_default=False,
+        ),
+    ] = None,
     runners: Annotated[int, typer.Option("--runners", help="runner processes")] = 1,
     ledgers: Annotated[
         int,
@@ -367,6 +373,7 @@ def up(
         UpFailed,
         UpOptions,
         data_dir_settings,
+        default_processes,
         fixed_ports_of,
         model_from_flag,
         model_secrets,
@@ -389,6 +396,8 @@ def up(
     except ModelChoiceError as error:
         fail(f"keel: {error}", USAGE_EXIT)
     settings = data_dir_settings(_settings(database_url), data_dir)
+    if processes is None:
+        processes = default_processes(settings)
     try:
         # Held until this process ends: a second `keel up` here is refused.
         lock_data_dir(settings.data_dir)
