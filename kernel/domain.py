@@ -490,10 +490,6 @@ def finish(
 # -- admission --
 
 
-def admits(in_use: int, max_runs: int) -> bool:
-    return in_use < max_runs
-
-
 def max_runs_of(document: dict[str, Any]) -> int:
     # `admission.maxConcurrentRuns` (SPEC §10) wins over the older top level.
     admission = document.get("admission")

@@ -6,9 +6,9 @@ the rest work against it with no flags, whatever ports it chose (`--http-port
 0` included). The file holds no secret: the key comes from --key or
 KEEL_API_KEY.
 
-Where a client goes, first match wins: --url (--grpc), KEEL_URL (KEEL_GRPC),
+Where a client goes, first match wins: --url, KEEL_URL,
 the discovery file under --data-dir (default $KEEL_DATA_DIR or ./.keel),
-the default ports.
+the default URL.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any, NoReturn
 
 DISCOVERY_FILE = "keel-up.json"
 DEFAULT_URL = "http://127.0.0.1:8080"
-DEFAULT_GRPC = "127.0.0.1:8081"
 NO_KEY = "keel: no API key: pass --key or set KEEL_API_KEY"
 # Exit code of a usage error (as typer/click use): the command never ran.
 USAGE_EXIT = 2
@@ -78,11 +77,6 @@ def resolve_url(url: str | None = None, data_dir: Path | None = None) -> str:
     """The edge's HTTP base URL, without a trailing slash."""
     found = url or os.environ.get("KEEL_URL") or _discovered(data_dir, "url") or DEFAULT_URL
     return found.rstrip("/")
-
-
-def resolve_grpc(address: str | None = None, data_dir: Path | None = None) -> str:
-    """The edge's gRPC address (host:port)."""
-    return address or os.environ.get("KEEL_GRPC") or _discovered(data_dir, "grpc") or DEFAULT_GRPC
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

@@ -156,12 +156,6 @@ class RunnerServer:
         return self._advertised
 
     @property
-    def local_target(self) -> str:
-        """Where a process on this host dials this runner."""
-        assert self.running is not None
-        return self._local
-
-    @property
     def runtime_id(self) -> str:
         assert self.runtime is not None
         return self.runtime.runtime_id
