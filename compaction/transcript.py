@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from compaction.policy import ContextEntry, MessageEntry, build_context, entry_from_dict, to_entries
+from compaction.policy import ContextEntry, build_context, to_entries
 from services.ledger.facts import (
     ASSISTANT,
     COMPACTION,
@@ -292,30 +292,12 @@ def context_entries(
 def parsed_context(
     facts: Sequence[CommittedFact],
     watermark: int | None = None,
-    memo: dict[int, MessageEntry] | None = None,
     blob_parts: BlobParts | None = None,
 ) -> tuple[ContextEntry, ...]:
-    """`context_entries` parsed into the policy's values.
-
-    `memo` (seq -> parsed message) spares re-parsing the same history at every
-    turn. It is sound because a message entry depends only on its own fact and
-    the facts before it, which never change; compaction entries depend on
-    their position and are always parsed afresh. (Blobs never change once
-    complete, so a message's resolved parts do not either.)
-    """
-    raw_entries = context_entries(facts, watermark, blob_parts)
-    if memo is None:
-        return to_entries(raw_entries)
-    parsed: list[ContextEntry] = []
-    for position, raw in enumerate(raw_entries):
-        seq = raw["seq"]
-        entry: ContextEntry | None = memo.get(seq) if raw["type"] == "message" else None
-        if entry is None:
-            entry = entry_from_dict(raw, position)
-            if isinstance(entry, MessageEntry):
-                memo[seq] = entry
-        parsed.append(entry)
-    return tuple(parsed)
+    """`context_entries` parsed into the policy's values: the whole session's
+    list (the runner parses only the window a request presents, see
+    `services.runner.transcript.windowed_context`)."""
+    return to_entries(context_entries(facts, watermark, blob_parts))
 
 
 def messages_of(entries: Sequence[ContextEntry]) -> tuple[dict[str, Any], ...]:

@@ -259,8 +259,10 @@ def parsed_context(
     estimate and the compaction decision are those of the full list.
 
     `memo` (seq -> parsed message) spares building and parsing the same
-    messages at every turn; see `compaction.transcript.parsed_context` for
-    why it is sound.
+    messages at every turn. It is sound because a message entry depends only
+    on its own fact and the facts before it, which never change; compaction
+    entries depend on their position and are always parsed afresh. (Blobs
+    never change once complete, so a message's resolved parts do not either.)
     """
     placed = placed_context(facts, watermark)
     start = presented_from(placed)

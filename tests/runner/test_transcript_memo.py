@@ -1,5 +1,5 @@
-"""Parsing a session's context once: the memo never changes what a request
-presents, whatever the facts that arrive after a message was parsed."""
+"""Parsing a session's context once: the runner's memo never changes what a
+request presents, whatever the facts that arrive after a message was parsed."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from compaction.transcript import (
     request_messages,
 )
 from services.ledger.facts import CommittedFact
+from services.runner import transcript as T
 
 
 def _session() -> list[CommittedFact]:
@@ -68,8 +69,8 @@ def test_memoized_parse_presents_exactly_the_fresh_parse() -> None:
     for head in range(1, len(facts) + 1):
         prefix = facts[:head]
         for watermark in (None, head, max(head - 1, 0)):
-            memoized = parsed_context(prefix, watermark, memo)
-            assert memoized == parsed_context(prefix, watermark)
+            memoized = T.parsed_context(prefix, watermark, memo)
+            assert memoized == T.parsed_context(prefix, watermark)
             assert messages_of(memoized) == request_messages(prefix, watermark)
     assert memo, "message entries were remembered"
 
@@ -77,8 +78,8 @@ def test_memoized_parse_presents_exactly_the_fresh_parse() -> None:
 def test_a_remembered_message_is_not_parsed_again() -> None:
     facts = _session()
     memo: dict[int, Any] = {}
-    first = parsed_context(facts, None, memo)
-    again = parsed_context(facts, None, memo)
+    first = T.parsed_context(facts, None, memo)
+    again = T.parsed_context(facts, None, memo)
     assert all(a is b for a, b in zip(first, again, strict=True) if a.seq in memo)
     assert any(entry.seq not in memo for entry in again), "compactions are parsed afresh"
 
