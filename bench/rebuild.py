@@ -225,7 +225,7 @@ def successor_context(
         raise RuntimeError("the bench session owes no work")
     T.owed(facts, T.read_through(facts))  # Attempt.turn_traceparents
     owed = T.owed(facts, watermark)  # run_turns
-    entries = T.parsed_context(facts, watermark, history_parsed, blob_parts=None)
+    entries = T.windowed_context(facts, watermark, history_parsed, blob_parts=None)
     plan = plan_compaction(
         entries, settings_from_dict({}), resolve_context_window(None, DEFAULT_CONTEXT_WINDOW)
     )

@@ -182,7 +182,7 @@ class Attempt:
         key = (len(self.facts), self.watermark)
         if self._context is None or self._context[:2] != key:
             blobs = self.services.blobs
-            entries = T.parsed_context(
+            entries = T.windowed_context(
                 self.facts,
                 self.watermark,
                 self.parsed,

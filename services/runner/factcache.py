@@ -43,7 +43,7 @@ class SessionHistory:
     """A session's facts from seq 1 on, and its context messages parsed so far."""
 
     facts: list[CommittedFact] = field(default_factory=list)
-    # seq -> parsed message entry (see services.runner.transcript.parsed_context)
+    # seq -> parsed message entry (see services.runner.transcript.windowed_context)
     parsed: dict[int, MessageEntry] = field(default_factory=dict)
 
 

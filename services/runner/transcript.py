@@ -53,12 +53,12 @@ __all__ = [
     "highest_input",
     "messages_of",
     "owed",
-    "parsed_context",
     "presented_request",
     "read_through",
     "referenced_blobs",
     "refusal",
     "request_messages",
+    "windowed_context",
 ]
 
 # The stop reason of a response cut by the output limit: its tool calls may
@@ -242,7 +242,7 @@ def owed(facts: Sequence[CommittedFact], watermark: int) -> Owed:
     )
 
 
-def parsed_context(
+def windowed_context(
     facts: Sequence[CommittedFact],
     watermark: int | None = None,
     memo: dict[int, MessageEntry] | None = None,

@@ -99,7 +99,7 @@ def _seq_at(entries: Sequence[ContextEntry], position: int) -> int | None:
 
 
 def assert_same_request(facts: Sequence[CommittedFact], watermark: int | None) -> None:
-    windowed = T.parsed_context(facts, watermark, {})
+    windowed = T.windowed_context(facts, watermark, {})
     full = whole.parsed_context(facts, watermark)
     assert len(windowed) <= len(full)
     # The windowed list is the end of the whole one (compactions re-pointed).
@@ -144,11 +144,11 @@ def test_only_the_window_is_parsed_and_the_memo_carries_it() -> None:
     compactions = [f for f in facts if f.kind == "compaction"]
     assert compactions, "the session compacts"
     memo: dict[int, MessageEntry] = {}
-    windowed = T.parsed_context(facts, None, memo)
+    windowed = T.windowed_context(facts, None, memo)
     full = whole.parsed_context(facts, None)
     assert len(windowed) < len(full)
     assert set(memo) == {e.seq for e in windowed if isinstance(e, MessageEntry)}
-    again = T.parsed_context(facts, None, memo)
+    again = T.windowed_context(facts, None, memo)
     assert all(a is b for a, b in zip(windowed, again, strict=True) if a.seq in memo)
 
 
@@ -173,7 +173,7 @@ def test_a_compaction_kept_by_a_later_one_stays_pointing_inside_the_window() -> 
     # Keeps from the second input: the older compaction is inside its range
     # and points before it.
     session.add("compaction", {"summary": "newer", "firstKept": second})
-    windowed = T.parsed_context(session.facts, third, {})
+    windowed = T.windowed_context(session.facts, third, {})
     assert windowed[0].seq == first
     assert_same_request(session.facts, third)
 

@@ -69,8 +69,8 @@ def test_memoized_parse_presents_exactly_the_fresh_parse() -> None:
     for head in range(1, len(facts) + 1):
         prefix = facts[:head]
         for watermark in (None, head, max(head - 1, 0)):
-            memoized = T.parsed_context(prefix, watermark, memo)
-            assert memoized == T.parsed_context(prefix, watermark)
+            memoized = T.windowed_context(prefix, watermark, memo)
+            assert memoized == T.windowed_context(prefix, watermark)
             assert messages_of(memoized) == request_messages(prefix, watermark)
     assert memo, "message entries were remembered"
 
@@ -78,8 +78,8 @@ def test_memoized_parse_presents_exactly_the_fresh_parse() -> None:
 def test_a_remembered_message_is_not_parsed_again() -> None:
     facts = _session()
     memo: dict[int, Any] = {}
-    first = T.parsed_context(facts, None, memo)
-    again = T.parsed_context(facts, None, memo)
+    first = T.windowed_context(facts, None, memo)
+    again = T.windowed_context(facts, None, memo)
     assert all(a is b for a, b in zip(first, again, strict=True) if a.seq in memo)
     assert any(entry.seq not in memo for entry in again), "compactions are parsed afresh"
 
