@@ -72,7 +72,6 @@ def backend_env(settings: Settings) -> dict[str, str]:
                 "POSTGRES_CONNECT_TIMEOUT": "5",
                 "POSTGRES_PRE_PING": "n",
                 "POSTGRES_LOCK_TIMEOUT": "10",
-                "POSTGRES_ENABLE_DB_FUNCTIONS": "y",
                 "APPLICATION_RECORDER_TOPIC": "services.ledger.backend:SessionNotifyingRecorder",
             }
         )
@@ -236,13 +235,16 @@ class StreamRows:
 
 
 class SessionNotifyingRecorder(PostgresApplicationRecorder):
-    """The library's recorder, but its NOTIFY names the sessions written.
+    """The library's recorder, with the channel on which the ledger's writes
+    name the sessions they touched.
 
-    The insert runs as one database function call (one round trip per batch)
-    and announces, in the same transaction, which streams it touched. Other
-    ledger processes LISTEN and wake exactly those sessions' subscribers,
-    without relying on notification ids committing in order (they don't once
-    the table lock is gone).
+    The ledger inserts through `services.ledger.event_insert.BatchInsert`,
+    whose statement NOTIFYs this channel in the same transaction; other
+    ledger processes LISTEN (`LiveTail`) and wake exactly those sessions'
+    subscribers, without relying on notification ids committing in order
+    (they don't once the table lock is gone). The library's own insert
+    function is never called, so it is not created (a database that has it
+    from an earlier release keeps it, unused).
     """
 
     def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = TABLE) -> None:
@@ -251,30 +253,7 @@ class SessionNotifyingRecorder(PostgresApplicationRecorder):
         # not leave the ledger waiting half a minute once the server is back.
         heal_quickly(datastore.pool, EVENT_STORE_CHECKOUT_TIMEOUT_S)
         self.session_channel = f"{self.channel_name}_sessions"
-        statement = sql.SQL(
-            "CREATE OR REPLACE FUNCTION {schema}.{function}(events {schema}.{event}[]) "
-            "RETURNS SETOF bigint LANGUAGE plpgsql AS $BODY$ "
-            "DECLARE ids text; "
-            "BEGIN "
-            "  SET LOCAL lock_timeout = '{lock_timeout}s'; "
-            "  SELECT string_agg(DISTINCT e.originator_id::text, ',') INTO ids "
-            "    FROM unnest(events) e; "
-            "  IF length(ids) > 7000 THEN ids := '*'; END IF; "
-            "  PERFORM pg_notify({channel}, ids); "
-            "  RETURN QUERY INSERT INTO {schema}.{table} AS t "
-            "    (originator_id, originator_version, topic, state) "
-            "    SELECT originator_id, originator_version, topic, state FROM unnest(events) "
-            "    RETURNING notification_id; "
-            "END; $BODY$"
-        ).format(
-            schema=sql.Identifier(datastore.schema),
-            function=sql.Identifier(self.pg_function_name_insert_events),
-            event=sql.Identifier(self.stored_event_type_name),
-            lock_timeout=sql.SQL(str(int(datastore.lock_timeout))),
-            channel=sql.Literal(self.session_channel),
-            table=sql.Identifier(self.events_table_name),
-        )
-        self.sql_create_statements[self.create_insert_function_statement_index] = statement
+        del self.sql_create_statements[self.create_insert_function_statement_index]
 
 
 class LiveTail:

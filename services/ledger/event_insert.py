@@ -1,10 +1,10 @@
 """`BatchInsert`: a batch's new events in one PostgreSQL statement.
 
-What the library's path does for the same batch (`EventStore.put` through
-`SessionNotifyingRecorder`'s plpgsql function) costs twice the database time
-of a plain INSERT and a quarter of the ledger's CPU per append: each event is
-packed into a composite-type array in Python (text protocol), then unpacked
-and inserted by the function. Here the rows go as four column arrays in the
+What the library's path did for the same batch (`EventStore.put` through a
+plpgsql function, no longer created) cost twice the database time of a plain
+INSERT and a quarter of the ledger's CPU per append: each event was packed
+into a composite-type array in Python (text protocol), then unpacked and
+inserted by the function. Here the rows go as four column arrays in the
 binary protocol, and the NOTIFY naming the sessions written rides in the
 same statement, so it commits with the rows (a woken subscriber always finds
 them) in one round trip (the pool's connections are in autocommit).
@@ -26,7 +26,7 @@ from psycopg import sql
 from services.ledger.backend import SessionNotifyingRecorder
 
 # The NOTIFY payload limit is 8000 bytes: past this, the payload is `*`
-# ("wake every subscriber"), as the recorder's own function does.
+# ("wake every subscriber"); `LiveTail` wakes everyone on it.
 MAX_NAMED_SESSIONS_CHARS = 7000
 
 
