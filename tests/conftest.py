@@ -8,31 +8,22 @@ machine, but with CI=true it fails: CI must never pass by skipping.
 from __future__ import annotations
 
 import os
-import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from services.common.config import Settings
-from tests.support.internal_auth import auth_env, with_token
+from tests.support.databases import drop_schema, pg_url
+from tests.support.internal_auth import with_token
 
-T = TypeVar("T")
-
-DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 ROOT = Path(__file__).resolve().parent.parent
 # MCP test servers run the test's interpreter and write into the test's
 # private tmp dirs, which the sandbox's uid cannot reach: runners of the tests
 # start them unsandboxed (tests/tools/test_child_secrets.py turns it on).
 os.environ.setdefault("KEEL_TOOL_SANDBOX", "off")
-
-
-def pg_url() -> str:
-    return os.environ.get("KEEL_TEST_DATABASE_URL", DEFAULT_PG)
 
 
 def _pg_reachable() -> str | None:
@@ -53,11 +44,6 @@ def postgres_url() -> str:
             pytest.fail(message + " (CI=true: PostgreSQL tests must run)")
         pytest.skip(message)
     return pg_url()
-
-
-def drop_schema(url: str, schema: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 @pytest.fixture
@@ -82,41 +68,3 @@ def settings(request: pytest.FixtureRequest) -> Settings:
     name = "sqlite_settings" if request.param == "sqlite" else "pg_settings"
     value: Settings = request.getfixturevalue(name)
     return value
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment a child process needs to use the same store."""
-    env = dict(os.environ)
-    env.update(
-        {
-            "KEEL_DATABASE_URL": settings.database_url,
-            "KEEL_PG_SCHEMA": settings.pg_schema,
-            "KEEL_DATA_DIR": str(settings.data_dir),
-            "KEEL_LEASE_MS": str(settings.lease_ms),
-            "PYTHONUNBUFFERED": "1",
-            **auth_env(settings),
-        }
-    )
-    return env
-
-
-def start_at_once(factory: Callable[[], T], count: int = 4) -> tuple[list[T], list[BaseException]]:
-    """Runs `factory` on `count` threads released together, as replicas
-    starting at the same moment; returns what they built and what they raised."""
-    built: list[T] = []
-    errors: list[BaseException] = []
-    gate = threading.Barrier(count)
-
-    def start() -> None:
-        gate.wait()
-        try:
-            built.append(factory())
-        except BaseException as exc:  # reported to the caller
-            errors.append(exc)
-
-    threads = [threading.Thread(target=start) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return built, errors

@@ -29,7 +29,6 @@ from services.cli.chaos_checks import (
     duplicates,
 )
 from services.cli.chaos_report import ChaosReport, RoundResult, render
-from tests.processes import ChildProcess
 from tests.support.chaos import (
     answer,
     fact,
@@ -39,6 +38,7 @@ from tests.support.chaos import (
     started,
 )
 from tests.support.keel_up import keel_up, run_keel
+from tests.support.processes import ChildProcess
 
 KEY = "chaos-test-key-0123456789abcdef"
 Facts = list[dict[str, Any]]

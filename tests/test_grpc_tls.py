@@ -25,9 +25,9 @@ from services.common.internal_auth import InternalAuthError, require_internal_au
 from services.common.serving import open_channel, serve_services
 from services.ledger import LedgerClient, LedgerServer
 from services.ledger.errors import SessionNotFound
-from tests.processes import ChildProcess
 from tests.support.internal_auth import auth_env, with_token
 from tests.support.keel_up import KEEL, clean_env
+from tests.support.processes import ChildProcess
 from tests.support.tls import CertificateAuthority, Issued
 
 CALL_TIMEOUT_S = 10.0

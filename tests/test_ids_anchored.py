@@ -33,9 +33,9 @@ from services.blobs import check_blob_id, is_blob_id
 from services.common.config import Settings
 from services.ledger.errors import InvalidId
 from services.ledger.facts import check_id as ledger_check_id
-from tests.edge.conftest import ADMIN_KEY, Stack
-from tests.edge.conftest import stack as stack  # the fixture, re-exported here
-from tests.runner.cluster import Cluster, start_cluster, stop_cluster
+from tests.edge.conftest import stack as stack
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.edge_stack import ADMIN_KEY, Stack
 from tests.support.front_doors import GrpcDoor, Refused
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -53,10 +53,11 @@ from services.common.secrets import SecretPolicy
 from services.common.serving import open_channel
 from services.runner.config import RunnerConfig
 from services.runner.server import RunnerServer
-from tests.processes import ChildProcess
-from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
 from tests.support.internal_auth import TEST_TOKEN, with_token
 from tests.support.keel_up import KEEL, clean_env, keel_up, run_keel
+from tests.support.polling import eventually
+from tests.support.processes import ChildProcess
 
 KEY = "internal-auth-test-key-0123456789"
 # As long as the right one: only the content may tell them apart.

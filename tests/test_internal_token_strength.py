@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import ChildProcess
 from tests.support.internal_auth import TEST_TOKEN
 from tests.support.keel_up import clean_env, run_keel
+from tests.support.processes import ChildProcess
 
 
 def _ledger(token: str, data_dir: Path) -> ChildProcess:

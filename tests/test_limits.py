@@ -30,9 +30,10 @@ from services.ledger.client import FactToAppend
 from services.runner.config import RunnerConfig
 from services.runner.fact_fit import fact_bytes, fit_fact
 from services.runner.server import RunnerServer
-from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
 from tests.support.grpc_fuzz import error_reason
 from tests.support.internal_auth import token_metadata
+from tests.support.polling import eventually
 
 FACT_LIMIT = 4096
 BODY_LIMIT = 4096

@@ -31,9 +31,9 @@ import httpx
 
 from services.cli.chat_view import SseEvent, SseParser
 from services.common.runtime_records import local_runtimes, records_dir
-from tests.processes import ChildProcess
-from tests.runner.cluster import eventually
 from tests.support.keel_up import KEEL, clean_env, free_port_run, keel_cli
+from tests.support.polling import eventually
+from tests.support.processes import ChildProcess
 
 KEY = "local-drain-dev-key-0123456789"
 DEADLINE_S = 60.0

@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support.keel_up import keel_up
+from tests.support.metrics import dashboard_metrics, scrape, total
 from tests.support.ports import free_port
-from tests.test_metrics_endpoints import dashboard_metrics, scrape, total
 
 KEY = "metrics-at-start-key-0123456789abcdef"
 # Histograms of rare events: served from the start with a count of zero.

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import signal
@@ -23,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.processes import ROOT
-from tests.runner.cluster import eventually
 from tests.support.keel_up import RunningKeel, child_pid, keel_up, restarted_child
+from tests.support.metrics import dashboard_metrics, scrape, total
+from tests.support.polling import eventually
 
 KEY = "metrics-test-key-0123456789abcdef"
 LEASE_MS = 2000
@@ -78,17 +76,7 @@ EXPECTED = {
         "keel_edge_drain_duration_milliseconds_bucket",
     },
 }
-DASHBOARD = ROOT / "deploy" / "grafana" / "keel-dashboard.json"
 _LISTED = re.compile(r"^\s+(\S+): (http://127\.0\.0\.1:\d+/metrics)$")
-
-
-def dashboard_metrics() -> set[str]:
-    """The series names the dashboard's queries read."""
-    panels = json.loads(DASHBOARD.read_text())["panels"]
-    exprs = [target["expr"] for panel in panels for target in panel["targets"]]
-    names = {name for expr in exprs for name in re.findall(r"\bkeel_[a-z0-9_]+", expr)}
-    assert len(names) >= 20, names
-    return names
 
 
 def metrics_urls(up: RunningKeel) -> dict[str, str]:
@@ -102,28 +90,6 @@ def metrics_urls(up: RunningKeel) -> dict[str, str]:
             break
         urls[found.group(1)] = found.group(2)
     return urls
-
-
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-async def scrape(url: str) -> Samples:
-    async with httpx.AsyncClient(timeout=10) as client:
-        response = await client.get(url)
-    assert response.status_code == 200, response.text
-    samples: Samples = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return samples
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    return sum(
-        value
-        for found, value in samples.get(name, [])
-        if all(found.get(k) == v for k, v in labels.items())
-    )
 
 
 def api(up: RunningKeel) -> httpx.AsyncClient:

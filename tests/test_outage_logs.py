@@ -25,10 +25,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.common.config import Settings
 from services.common.outage_log import OutageLog
 from services.ledger import LedgerServer
-from tests.conftest import settings_env
-from tests.processes import ChildProcess
-from tests.runner.cluster import eventually
+from tests.support.databases import settings_env
+from tests.support.polling import eventually
 from tests.support.ports import free_port
+from tests.support.processes import ChildProcess
 
 KEEL = str(Path(sys.executable).with_name("keel"))
 # Claims that must fail, quietly, before the kernel comes back.

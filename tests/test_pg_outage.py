@@ -48,6 +48,7 @@ from services.common.errors import DatabaseUnavailable
 from services.ledger import facts as F
 from services.ledger.store import LedgerStore
 from tests.support.keel_up import RunningKeel, keel_up
+from tests.support.polling import eventually
 from tests.support.throwaway_pg import ThrowawayPostgres, throwaway_postgres
 
 KEY = "pg-outage-key-0123456789abcdef"
@@ -176,17 +177,6 @@ class _Refused(Exception):
         self.retry_after_s = retry_after_s
 
 
-async def _eventually(check: Any, deadline_s: float, what: str) -> Any:
-    deadline = time.monotonic() + deadline_s
-    while True:
-        outcome = await check()
-        if outcome:
-            return outcome
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {deadline_s}s: {what}")
-        await asyncio.sleep(POLL_S)
-
-
 async def _facts(http: httpx.AsyncClient, session: str) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     after = 0
@@ -250,10 +240,10 @@ async def _first_answer_after(http: httpx.AsyncClient, session: str, tag: str) -
                 return int(response.json()["seq"])
         return None
 
-    seq = await _eventually(committed, SETTLE_DEADLINE_S, f"an input accepted after {tag}")
+    seq = await eventually(committed, f"an input accepted after {tag}", SETTLE_DEADLINE_S)
     accepted_s = time.monotonic() - started
-    await _eventually(
-        lambda: _answered(http, session, seq), SETTLE_DEADLINE_S, f"an answer after {tag}"
+    await eventually(
+        lambda: _answered(http, session, seq), f"an answer after {tag}", SETTLE_DEADLINE_S
     )
     return {
         "accepted_s": round(accepted_s, 3),
@@ -278,8 +268,8 @@ async def _run(up: RunningKeel, pg: ThrowawayPostgres, grpc_address: str) -> dic
             SseClient(http, s, tally) for s in random.Random(5).sample(load.sessions, SSE_STREAMS)
         ]
         streams = [asyncio.create_task(c.run()) for c in sse_clients]
-        await _eventually(
-            lambda: _answered(http, load.sessions[0], 1 + 1), 30, "the load being answered"
+        await eventually(
+            lambda: _answered(http, load.sessions[0], 1 + 1), "the load being answered", 30
         )
         for name, seconds in (("short", SHORT_OUTAGE_S), ("long", LONG_OUTAGE_S)):
             async with _outage(pg, load, seconds):
@@ -310,7 +300,7 @@ async def _run(up: RunningKeel, pg: ThrowawayPostgres, grpc_address: str) -> dic
             async def caught_up(client: SseClient = client, head: int = head) -> bool:
                 return bool(client.seqs) and client.seqs[-1] >= head
 
-            await _eventually(caught_up, SETTLE_DEADLINE_S, f"SSE of {client.session} at {head}")
+            await eventually(caught_up, f"SSE of {client.session} at {head}", SETTLE_DEADLINE_S)
         for stream in streams:
             stream.cancel()
         await asyncio.gather(*streams, return_exceptions=True)
@@ -347,7 +337,7 @@ async def _settled(http: httpx.AsyncClient, sessions: list[str]) -> None:
         return all(v.status_code == 200 and not v.json()["owedInputs"] for v in views)
 
     try:
-        await _eventually(all_settled, SETTLE_DEADLINE_S, "every input answered")
+        await eventually(all_settled, "every input answered", SETTLE_DEADLINE_S)
     except AssertionError as late:
         # What the sessions still owing say of themselves (status, owner).
         owing = [v.text[:400] for v in views if v.status_code != 200 or v.json()["owedInputs"]]
@@ -414,6 +404,8 @@ def test_postgres_outages_under_load_lose_nothing_and_heal_by_themselves(tmp_pat
 def _past_the_gate(call: Callable[[], T]) -> T:
     """`call`'s result once its store's gate lets it through: only the
     gate's own refusal ("a moment ago") is waited out, never a failure."""
+    # Not tests.support.polling: this waits for one particular refusal to stop,
+    # and any other exception must surface at once rather than be polled past.
     deadline = time.monotonic() + 5
     while True:
         try:

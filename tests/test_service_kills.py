@@ -36,9 +36,9 @@ from kernel import KernelClient, KernelServer
 from services.common.config import Settings
 from services.common.errors import ServiceUnavailable
 from services.ledger import LedgerClient, LedgerServer
-from tests.conftest import drop_schema
-from tests.runner.cluster import eventually
+from tests.support.databases import drop_schema
 from tests.support.keel_up import RunningKeel, child_pid, keel_up, restarted_child
+from tests.support.polling import eventually
 
 KEY = "service-kills-key-0123456789abcdef"
 # Short leases: a session whose owner lost its kernel is retaken quickly

@@ -26,9 +26,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.runner.cluster import eventually
 from tests.support.keel_up import RunningKeel, child_pid, keel_up
 from tests.support.otlp_collector import OtlpCollector, ReceivedSpan
+from tests.support.polling import eventually
 
 KEY = "trace-links-test-key-0123456789abcdef"
 INPUTS_ROUTE = "/v1/sessions/{id}/inputs"

@@ -33,10 +33,10 @@ from keel.sessions.v1 import sessions_pb2 as pb
 from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
 from services.common.config import Settings
 from services.common.serving import open_channel
-from tests.runner.cluster import eventually
 from tests.support.internal_auth import TEST_TOKEN
 from tests.support.keel_up import RunningKeel, child_pid, keel_up
 from tests.support.otlp_collector import OtlpCollector, ReceivedSpan
+from tests.support.polling import eventually
 
 KEY = "tracing-test-key-0123456789abcdef"
 # A successor takes a killed runner's session over within about this.

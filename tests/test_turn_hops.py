@@ -36,9 +36,7 @@ handle under their own method names.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
@@ -50,7 +48,8 @@ from services.ledger import CommittedFact
 from services.runner import runtime as runner_runtime
 from services.runner.config import RunnerConfig
 from services.runner.server import RunnerServer
-from tests.runner.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.polling import eventually
 
 LEDGER = "keel.ledger.v1.LedgerService/"
 KERNEL = "keel.kernel.v1.KernelService/"
@@ -91,18 +90,7 @@ STICKY_MS = 600_000
 NEXT_CLAIM = KERNEL + "LeaseStream"
 
 TURNS = 3
-DEADLINE_S = 30.0
 A_LONG_TIME_MS = 600_000
-
-
-async def _until(
-    condition: Callable[[], bool], what: str, seen: Callable[[], str] = lambda: ""
-) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n{seen()}")
-        await asyncio.sleep(0.005)
 
 
 @dataclass
@@ -165,9 +153,9 @@ async def quiet(
         # The start-up passes of the timers, and the runner's first claim.
         reconciler, heartbeats = quiet.kernel_server.reconciler, quiet.kernel_server.heartbeats
         assert reconciler is not None and heartbeats is not None
-        await _until(lambda: reconciler.passes >= 1, "the reconciler's first pass")
-        await _until(lambda: heartbeats.rounds >= 1, "the first heartbeat round")
-        await _until(lambda: _claims(hops.snapshot().since(started)) >= 1, "the runner's claim")
+        await eventually(lambda: reconciler.passes >= 1, "the reconciler's first pass")
+        await eventually(lambda: heartbeats.rounds >= 1, "the first heartbeat round")
+        await eventually(lambda: _claims(hops.snapshot().since(started)) >= 1, "the runner's claim")
         yield quiet
     finally:
         if runner is not None:
@@ -207,10 +195,10 @@ async def _turn(
     # The answer is seen before the attempt finishes; its Finish and the
     # runner's next claim belong to the turn all the same. (The warm-up turn
     # makes other hops besides: only its claims tell when it is over.)
-    await _until(
+    await eventually(
         lambda: _reached(hops.snapshot().since(before), expected, claims_only=warm_up),
         f"turn {n} to be over",
-        lambda: _observed(hops.snapshot().since(before), 1),
+        detail=lambda: _observed(hops.snapshot().since(before), 1),
     )
 
 

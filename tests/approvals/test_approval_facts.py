@@ -18,8 +18,8 @@ import pytest
 from services.common.config import Settings
 from services.ledger import FactToAppend, InvalidFact, InvalidId, LedgerClient, LedgerServer
 from services.ledger.errors import ApprovalDecided, ApprovalNotPending, UnknownToolCall
-from tests.conftest import settings_env
-from tests.processes import ChildProcess
+from tests.support.databases import settings_env
+from tests.support.processes import ChildProcess
 
 CALL = {"id": "call-1", "name": "counter", "arguments": {"key": "k"}}
 

@@ -32,9 +32,6 @@ from keel_client import (
     KeelClient,
     SessionNotFound,
 )
-from tests.edge.conftest import ADMIN_KEY, Stack
-from tests.processes import ChildProcess
-from tests.runner.cluster import eventually
 from tests.support.approvals import (
     DEADLINE_S,
     counter_store,
@@ -44,6 +41,9 @@ from tests.support.approvals import (
     until_answered,
     until_waiting,
 )
+from tests.support.edge_stack import ADMIN_KEY, Stack
+from tests.support.polling import eventually
+from tests.support.processes import ChildProcess
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,9 @@ from playwright.async_api import Browser, expect
 
 from kernel import KernelClient
 from services.common.config import Settings
-from tests.edge.test_web_page import (
+from tests.support.approvals import counter_store, require_approval, until_waiting
+from tests.support.internal_auth import with_token
+from tests.support.web_page import (
     KEY,
     WAIT_MS,
     keel_up_process,
@@ -26,8 +28,6 @@ from tests.edge.test_web_page import (
     require_chromium,
     screenshot_path,
 )
-from tests.support.approvals import counter_store, require_approval, until_waiting
-from tests.support.internal_auth import with_token
 
 pytestmark = pytest.mark.slow
 

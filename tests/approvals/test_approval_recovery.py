@@ -25,8 +25,6 @@ import pytest
 
 from kernel import KernelClient
 from services.runner.client import RunnerClient
-from tests.edge.conftest import Stack
-from tests.runner.cluster import eventually
 from tests.support.approvals import (
     counter_store,
     holds_nothing,
@@ -36,6 +34,8 @@ from tests.support.approvals import (
     until_answered,
     until_waiting,
 )
+from tests.support.edge_stack import Stack
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.edge.conftest import Stack
 from tests.support.approvals import (
     claim_as_writer,
     counter_store,
@@ -20,6 +19,7 @@ from tests.support.approvals import (
     require_approval,
     until_answered,
 )
+from tests.support.edge_stack import Stack
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from keel_client import AsyncKeelClient
-from tests.edge.conftest import ADMIN_KEY, Stack, runner, stack
+from tests.edge.conftest import runner, stack
 from tests.support.edge_restart import restart_edge
+from tests.support.edge_stack import ADMIN_KEY, Stack
 
 __all__ = ["runner", "stack"]
 

@@ -22,10 +22,10 @@ import httpx
 import pytest
 
 from keel_client import AsyncKeelClient, ClientOptions, Delta, Event, Fact, ReconnectPolicy
-from tests.edge.test_make_run import free_port
-from tests.processes import ChildProcess
-from tests.runner.cluster import eventually
 from tests.support.client_events import answers, fact_seqs, has_seq, read_until
+from tests.support.polling import eventually
+from tests.support.ports import free_port
+from tests.support.processes import ChildProcess
 
 pytestmark = pytest.mark.slow
 

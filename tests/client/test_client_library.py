@@ -43,11 +43,11 @@ from keel_client import (
     Unauthenticated,
 )
 from services.runner.server import RunnerServer
-from tests.edge.conftest import ADMIN_KEY, Stack
-from tests.edge.test_make_run import free_port
-from tests.runner.cluster import eventually
 from tests.support.client_events import DEADLINE_S, answers, fact_seqs, has_seq, read_until
 from tests.support.edge_restart import start_edge, stop_edge
+from tests.support.edge_stack import ADMIN_KEY, Stack
+from tests.support.polling import eventually
+from tests.support.ports import free_port
 
 
 async def test_each_method_returns_its_typed_result(

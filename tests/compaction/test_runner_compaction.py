@@ -19,10 +19,11 @@ import pytest
 from compaction.client import CompactionClient
 from services.common.config import Settings
 from services.ledger import CommittedFact
-from tests.conftest import settings_env
-from tests.processes import ChildProcess
-from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
-from tests.runner.invariants import assert_recovered
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.databases import settings_env
+from tests.support.ledger_invariants import assert_recovered
+from tests.support.polling import eventually
+from tests.support.processes import ChildProcess
 
 MESSAGE_KINDS = ("input", "assistant", "tool_result")
 

@@ -50,8 +50,8 @@ from keel.compaction.v1 import compaction_pb2_grpc as pb_grpc
 from services.blobs import blob_store
 from services.common.config import Settings
 from services.ledger import CommittedFact, LedgerClient
-from tests.runner.cluster import Cluster, start_cluster, stop_cluster
 from tests.support.blobs import PNG, store_blob
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
 from tests.support.internal_auth import token_metadata
 
 TENANT = "svc-tenant"

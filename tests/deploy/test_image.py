@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import ROOT
 from tests.support.dockerfile import (
     DOCKERFILE,
     Stage,
@@ -26,6 +25,7 @@ from tests.support.dockerfile import (
     parse,
     run_stage,
 )
+from tests.support.processes import ROOT
 
 BUILD_TOOLS = re.compile(r"\b(gcc|g\+\+|cc|clang|make|build-essential|python3?-dev|libc6?-dev)\b")
 PACKAGE_MANAGERS = re.compile(r"\b(apt-get|apt|apk|dnf|yum)\b")

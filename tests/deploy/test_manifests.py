@@ -21,7 +21,6 @@ import pytest
 from starlette.routing import Route
 
 from edge.routes.probes import routes as probe_routes
-from tests.processes import ROOT
 from tests.support.manifests import (
     K8S,
     OVERLAYS,
@@ -35,6 +34,7 @@ from tests.support.manifests import (
     schema_errors,
     violations,
 )
+from tests.support.processes import ROOT
 
 SERVICES = {"ledger", "kernel", "compaction", "runner", "edge"}
 

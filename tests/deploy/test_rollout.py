@@ -13,7 +13,7 @@ Last-Event-ID when its edge drains), and inputs keep arriving with request
 ids (tests/support/rollout_clients.py).
 
 It proves: every acknowledged input answered, once (0 lost, 0 duplicate
-final replies; the ledger invariants of tests/runner/invariants.py); each
+final replies; the ledger invariants of tests/support/ledger_invariants.py); each
 client's seqs contiguous across its reconnects; every preStop drain done
 within its deadline and no pod SIGKILLed; a `handoffs` row for every
 session handed over with work owed, naming old and new runtime, epoch,
@@ -53,8 +53,6 @@ from kernel.registry import HandoffInfo
 from services.common.config import Settings
 from services.ledger import CommittedFact, LedgerClient
 from services.runner.config import RunnerConfig
-from tests.runner.cluster import eventually
-from tests.runner.invariants import assert_recovered, assert_stream_continuous
 from tests.support.internal_auth import TEST_TOKEN
 from tests.support.kubelet import (
     Deployment,
@@ -64,7 +62,9 @@ from tests.support.kubelet import (
     Termination,
     pod_templates,
 )
+from tests.support.ledger_invariants import assert_recovered, assert_stream_continuous
 from tests.support.manifests import OVERLAYS, Doc, KubectlMissing, kubectl, render
+from tests.support.polling import eventually
 from tests.support.rollout_clients import EdgeService, SessionClient
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from tests.edge.conftest import Stack
-from tests.runner.cluster import eventually
+from tests.support.edge_stack import Stack
+from tests.support.polling import eventually
 
 LOADOUT: dict[str, Any] = {
     "systemPrompt": "You answer in one line.",

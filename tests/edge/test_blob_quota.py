@@ -28,8 +28,8 @@ from services.blobs import (
     blob_store,
 )
 from services.common.config import Settings
-from tests.conftest import start_at_once
-from tests.edge.conftest import ADMIN_KEY, Stack
+from tests.support.edge_stack import ADMIN_KEY, Stack
+from tests.support.replicas import start_at_once
 
 OTHER_KEY = "blob-quota-tenant-b-key-0123456789"
 

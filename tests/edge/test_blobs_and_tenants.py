@@ -8,8 +8,8 @@ import random
 
 import httpx
 
-from tests.edge.conftest import Stack
-from tests.edge.test_http_api import assert_error
+from tests.support.edge_stack import Stack
+from tests.support.http_errors import assert_error
 
 OTHER_KEY = "edge-test-tenant-b-key-0123456789"
 PLAIN_KEY = "edge-test-default-plain-key-0123"

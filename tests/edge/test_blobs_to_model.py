@@ -21,10 +21,10 @@ from agent_io.providers.scripted import RECORD_ENV
 from compaction.client import CompactionClient
 from services.ledger import CommittedFact
 from services.runner.server import RunnerServer
-from tests.edge.conftest import Stack
-from tests.edge.test_http_api import assert_error
-from tests.runner.cluster import eventually
 from tests.support.blobs import PNG
+from tests.support.edge_stack import Stack
+from tests.support.http_errors import assert_error
+from tests.support.polling import eventually
 
 NOTES = "Shopping list:\n- oat milk\n- rye bread\n"
 

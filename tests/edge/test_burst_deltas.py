@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +43,6 @@ from services.runner.hub import (
     StatusChange,
 )
 from services.runner.server import RunnerServer
-from tests.edge.conftest import ADMIN_KEY, DEADLINE_S, SseReader, Stack, parse
 from tests.support.burst_provider import (
     BurstProvider,
     anthropic_text,
@@ -52,7 +50,10 @@ from tests.support.burst_provider import (
     openai_text,
     openai_tool_call,
 )
+from tests.support.edge_stack import ADMIN_KEY, DEADLINE_S, Stack
+from tests.support.polling import eventually
 from tests.support.ports import free_port
+from tests.support.sse import SseReader, parse
 
 ROUNDS = 10
 TEXT_PIECES = 22
@@ -204,14 +205,6 @@ def check_nothing_after_its_answer(seen: list[Seen], door: str) -> None:
             assert item.data["generationId"] not in answered, f"{door}: {item.data}"
 
 
-async def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 @pytest.mark.parametrize("wire_name", sorted(WIRES))
 async def test_a_client_connected_before_sees_every_delta_of_a_burst(
     stack: Stack, runner: RunnerServer, provider: BurstProvider, wire_name: str
@@ -241,7 +234,7 @@ async def test_a_client_connected_before_sees_every_delta_of_a_burst(
         await call.initial_metadata()
         async with SseReader(stack.http, session) as sse:
             # Both clients follow the session before the first input.
-            await wait_for(lambda: stack.gateway.fanout.clients == 2, "both clients to join")
+            await eventually(lambda: stack.gateway.fanout.clients == 2, "both clients to join")
             for round_ in range(ROUNDS):
                 pieces = [f"r{round_}p{i} " for i in range(TEXT_PIECES)]
                 provider.queue(
@@ -357,7 +350,7 @@ async def test_facts_do_not_wait_on_a_silent_runner(monkeypatch: pytest.MonkeyPa
     merging.merge.fact(fact(2, "assistant", 2, generationId="g"))
     assert merging.seqs() == [1]
     # The runner says nothing (frozen): the answer goes out all the same.
-    await wait_for(lambda: merging.seqs() == [1, 2], "the answer to go out")
+    await eventually(lambda: merging.seqs() == [1, 2], "the answer to go out")
 
 
 async def test_a_newer_attempt_ends_the_wait_for_the_older_one() -> None:

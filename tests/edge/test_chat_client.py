@@ -23,13 +23,14 @@ from rich.console import Console
 
 from services.cli.chat import ChatClient, open_session
 from services.cli.chat_view import ChatView, Delta, SseEvent, SseParser
-from tests.edge.test_web_page import (
+from tests.support.polling import eventually
+from tests.support.processes import ChildProcess
+from tests.support.web_page import (
     keel_up,
     keel_up_process,
     talk_until_compacted,
     use_quick_compaction,
 )
-from tests.processes import ChildProcess
 
 KEY = "chat-client-test-key-0123456789"
 WORDS = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
@@ -190,11 +191,7 @@ class _CutStream(httpx.AsyncByteStream):
 
 async def settle(client: ChatClient) -> None:
     """Polls the session resource: "answered" is a server-side condition."""
-    async with asyncio.timeout(DEADLINE_S):
-        while True:
-            if await client.settled():
-                return
-            await asyncio.sleep(0.1)
+    await eventually(client.settled, "the session to be answered", DEADLINE_S)
 
 
 async def test_resumes_after_cut_streams_without_repeats(base_url: str) -> None:

@@ -19,8 +19,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.runner.cluster import eventually
 from tests.support.keel_up import RunningKeel, keel_cli, keel_up
+from tests.support.polling import eventually
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow

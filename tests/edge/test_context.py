@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from services.runner.server import RunnerServer
-from tests.edge.conftest import SseReader, Stack
-from tests.edge.test_http_api import assert_error
+from tests.support.edge_stack import Stack
+from tests.support.http_errors import assert_error
+from tests.support.sse import SseReader
 
 PROMPT = "You answer in echoes."
 

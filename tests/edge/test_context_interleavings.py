@@ -21,8 +21,8 @@ import pytest
 from services.ledger import CommittedFact
 from services.runner.config import RunnerConfig
 from services.runner.server import RunnerServer
-from tests.edge.conftest import Stack
-from tests.runner.cluster import eventually
+from tests.support.edge_stack import Stack
+from tests.support.polling import eventually
 from tests.support.transcript_checks import check_well_formed, is_summary, trailing_inputs
 
 OPS = ("text", "text", "slow", "slow", "tool", "cancel", "settle", "long", "long")

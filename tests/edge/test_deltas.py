@@ -20,9 +20,10 @@ import pytest
 from services.cli.chat_view import SseEvent
 from services.common.config import Settings
 from services.runner.server import RunnerServer
-from tests.edge.conftest import SseReader, Stack, parse
-from tests.runner.wire_servers import WireServer, data_frame, sse_reply
+from tests.support.edge_stack import Stack
 from tests.support.ports import free_port
+from tests.support.sse import SseReader, parse
+from tests.support.wire_servers import WireServer, data_frame, sse_reply
 
 MODEL = "gpt-test"
 

@@ -17,17 +17,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 from services.runner.server import RunnerServer
-from tests.edge.conftest import ADMIN_KEY, SseReader, Stack, parse
-from tests.processes import ChildProcess
-from tests.runner.cluster import eventually
+from tests.support.edge_stack import ADMIN_KEY, Stack
 from tests.support.keel_up import keel_cli, keel_up, run_keel
+from tests.support.polling import eventually, eventually_sync
+from tests.support.processes import ChildProcess
+from tests.support.sse import SseReader, parse
 
 OTHER_LOOPBACK = "127.0.0.2"
 COMPACTING_LOADOUT = {
@@ -44,7 +43,7 @@ async def runtime_entry(stack: Stack, runtime_id: str) -> dict[str, Any]:
 
 
 def start_runner_process(stack: Stack, *args: str) -> ChildProcess:
-    from tests.conftest import settings_env
+    from tests.support.databases import settings_env
 
     cluster = stack.cluster
     return ChildProcess.python(
@@ -271,11 +270,4 @@ def test_in_a_single_process_keel_up_a_drained_runner_is_replaced(tmp_path: Any)
                     for f in page["facts"]
                 )
 
-            wait_until(answered, "the new input to be answered by the new runner")
-
-
-def wait_until(predicate: Callable[[], bool], what: str, deadline_s: float = 60.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)  # polling with a deadline
+            eventually_sync(answered, "the new input to be answered by the new runner")

@@ -18,7 +18,7 @@ from typing import Any
 from edge.fanout import FanoutHub
 from services.common.config import Settings
 from services.ledger import CommittedFact, LedgerClient, SessionView
-from tests.edge.conftest import Stack
+from tests.support.edge_stack import Stack
 
 
 class CommitBetweenTheReads(LedgerClient):

@@ -32,8 +32,7 @@ from services.common.config import Settings
 from services.ledger import CommittedFact, LedgerClient
 from services.runner.client import RunnerClient
 from services.runner.hub import Partial
-from tests.edge.conftest import SseReader, Stack, fact_seqs, parse
-from tests.processes import ChildProcess
+from tests.support.edge_stack import Stack
 from tests.support.frozen_owner import (
     Follower,
     Frozen,
@@ -41,6 +40,8 @@ from tests.support.frozen_owner import (
     NewEpochHeldBack,
     epoch_started_after,
 )
+from tests.support.processes import ChildProcess
+from tests.support.sse import SseReader, fact_seqs, parse
 
 # Short enough that a frozen owner's lease expires within the test, long
 # enough that a busy machine does not expire a live owner's.

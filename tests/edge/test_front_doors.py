@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from edge.grpc_api import SERVICE_NAME as SESSION_SERVICE
 from services.runner.server import RunnerServer
-from tests.edge.conftest import ADMIN_KEY, Stack
+from tests.support.edge_stack import ADMIN_KEY, Stack
 from tests.support.front_doors import (
     DEADLINE_S,
     Event,
@@ -36,6 +36,7 @@ from tests.support.front_doors import (
     Refused,
 )
 from tests.support.keel_up import keel_up
+from tests.support.polling import eventually
 
 OTHER_TENANT_KEY = "front-doors-tenant-b-key-0123456789"
 
@@ -118,14 +119,6 @@ def answers(input_seq: int) -> Callable[[Event], bool]:
 
 def facts(events: list[Event]) -> list[Event]:
     return [e for e in events if e.type == "fact"]
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    """Polls `check` until it holds, failing at the deadline."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not await check():
-        assert time.monotonic() < deadline, f"not {what} before the deadline"
-        await asyncio.sleep(0.05)
 
 
 # ------------------------------------------------------------------ rows

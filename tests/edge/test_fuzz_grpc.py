@@ -27,7 +27,7 @@ import pytest
 
 from keel.sessions.v1 import sessions_pb2 as pb
 from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
-from tests.edge.conftest import ADMIN_KEY, Stack
+from tests.support.edge_stack import ADMIN_KEY, Stack
 from tests.support.grpc_fuzz import SERVICE, error_reason, requests_of
 
 AUTH = (("authorization", f"Bearer {ADMIN_KEY}"),)

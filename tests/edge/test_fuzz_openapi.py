@@ -32,7 +32,7 @@ from schemathesis.checks import (
 )
 from schemathesis.core.failures import FailureGroup
 
-from tests.edge.conftest import ADMIN_KEY, Stack
+from tests.support.edge_stack import ADMIN_KEY, Stack
 
 # Per operation and mode; KEEL_FUZZ_EXAMPLES raises it for a longer hunt.
 EXAMPLES_PER_OPERATION = int(os.environ.get("KEEL_FUZZ_EXAMPLES", "10"))

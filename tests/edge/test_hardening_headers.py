@@ -14,7 +14,7 @@ from __future__ import annotations
 import httpx
 
 from services.runner.server import RunnerServer
-from tests.edge.conftest import DEADLINE_S, Stack
+from tests.support.edge_stack import DEADLINE_S, Stack
 from tests.support.slow_clients import RawClient, status_of
 
 TENANT_ADMIN = "acme-tenant-admin-key-abcdefghij"

@@ -22,7 +22,7 @@ from keel.sessions.v1 import sessions_pb2 as pb
 from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
 from services.cli.chat_view import SseParser
 from services.common.errors import error_info
-from tests.edge.conftest import ADMIN_KEY, DEADLINE_S, Stack
+from tests.support.edge_stack import ADMIN_KEY, DEADLINE_S, Stack
 from tests.support.grpc_status import retry_delay_ms
 from tests.support.slow_clients import limited_edge
 

@@ -20,8 +20,8 @@ import httpx
 
 from edge.limits import ClientLimits
 from edge.server import EdgeServer
-from tests.edge.conftest import ADMIN_KEY, DEADLINE_S, Stack
-from tests.runner.cluster import eventually
+from tests.support.edge_stack import ADMIN_KEY, DEADLINE_S, Stack
+from tests.support.polling import eventually
 from tests.support.slow_clients import RawClient, limited_edge, request_head, status_of
 
 CONNECTIONS = 200

@@ -24,9 +24,9 @@ from edge.limits import ClientLimits
 from edge.server import EdgeServer
 from services.common.errors import error_from_rpc, reasons_of
 from services.ledger.errors import LedgerError
-from tests.edge.conftest import ADMIN_KEY, DEADLINE_S, Stack
-from tests.runner.cluster import eventually
+from tests.support.edge_stack import ADMIN_KEY, DEADLINE_S, Stack
 from tests.support.front_doors import EventStream, FrontDoor, GrpcDoor, HttpDoor, Refused
+from tests.support.polling import eventually
 from tests.support.slow_clients import RawClient, limited_edge, open_stream
 
 SECOND_KEY = "second-default-key-abcdefghijkl"

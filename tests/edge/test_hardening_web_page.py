@@ -12,11 +12,9 @@ cursor.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,7 +23,8 @@ import httpx
 import pytest
 from playwright.async_api import Browser, ConsoleMessage, Request, expect
 
-from tests.edge.test_web_page import (
+from tests.support.polling import eventually
+from tests.support.web_page import (
     KEY,
     WAIT_MS,
     KeelUp,
@@ -47,20 +46,18 @@ def edge_pid(up: KeelUp) -> int:
 async def post_until_served(base_url: str, session_id: str, text: str) -> None:
     """Commits an input once the (restarted) edge answers."""
     body = {"text": text, "requestId": uuid.uuid4().hex}
-    deadline = time.monotonic() + WAIT_MS / 1000
     async with httpx.AsyncClient(
         base_url=base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=10
     ) as http:
-        while True:
+
+        async def taken() -> bool:
             try:
                 sent = await http.post(f"/v1/sessions/{session_id}/inputs", json=body)
-                if sent.status_code in (200, 202):
-                    return
             except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("the restarted edge never took the input")
-            await asyncio.sleep(0.1)
+                return False  # the edge is still restarting
+            return sent.status_code in (200, 202)
+
+        await eventually(taken, "the restarted edge to take the input", WAIT_MS / 1000)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ import pytest
 from edge.limits import ClientLimits
 from keel.sessions.v1 import sessions_pb2 as pb
 from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
-from tests.edge.conftest import ADMIN_KEY, DEADLINE_S, Stack
+from tests.support.edge_stack import ADMIN_KEY, DEADLINE_S, Stack
 from tests.support.slow_clients import RawClient, limited_edge, request_head, status_of
 
 LIMITS = ClientLimits()

@@ -9,21 +9,13 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from tests.edge.conftest import Stack
+from tests.support.edge_stack import Stack
+from tests.support.http_errors import assert_error
 
 
 async def _chunks(count: int, size: int) -> AsyncIterator[bytes]:
     for _ in range(count):
         yield b"x" * size
-
-
-def assert_error(response: httpx.Response, status: int) -> dict[str, str]:
-    assert response.status_code == status, (response.status_code, response.text)
-    assert response.headers["content-type"].startswith("application/json")
-    error = response.json()["error"]
-    assert isinstance(error["code"], str) and error["code"]
-    assert isinstance(error["message"], str) and error["message"]
-    return error  # type: ignore[no-any-return]
 
 
 async def test_inputs_are_idempotent_by_request_id(stack: Stack) -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.edge.conftest import Stack
-from tests.edge.test_http_api import assert_error
+from tests.support.edge_stack import Stack
+from tests.support.http_errors import assert_error
 
 
 async def _inputs(stack: Stack, session: str) -> list[tuple[int, dict[str, Any]]]:

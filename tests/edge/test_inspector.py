@@ -22,7 +22,8 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Page, expect
 
-from tests.edge.test_web_page import (
+from tests.support.polling import eventually
+from tests.support.web_page import (
     KEY,
     WAIT_MS,
     keel_up,
@@ -31,7 +32,6 @@ from tests.edge.test_web_page import (
     require_chromium,
     screenshot_path,
 )
-from tests.runner.cluster import eventually
 
 pytestmark = pytest.mark.slow
 

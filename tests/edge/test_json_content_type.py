@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from tests.edge.conftest import Stack
+from tests.support.edge_stack import Stack
 
 READ_AS_JSON = (
     None,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from edge.limits import ClientLimits
-from tests.edge.conftest import ADMIN_KEY, DEADLINE_S, Stack
+from tests.support.edge_stack import ADMIN_KEY, DEADLINE_S, Stack
 from tests.support.slow_clients import RawClient, limited_edge, request_head, status_of
 
 # uvicorn's default keep-alive, and common load balancers' idle timeout.

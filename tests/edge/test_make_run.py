@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 
 from services.cli.chat_view import SseParser
-from tests.processes import ChildProcess
 from tests.support.ports import free_port
+from tests.support.processes import ChildProcess
 
 KEY = "make-run-test-key-0123456789abc"
 

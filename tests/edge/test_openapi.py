@@ -19,8 +19,8 @@ from starlette.routing import Route
 from edge.app import create_app
 from services.common.internal_auth import TOKEN_HEADER
 from services.runner.server import RunnerServer
-from tests.edge.conftest import Stack
 from tests.support.approvals import require_approval, until_waiting
+from tests.support.edge_stack import Stack
 
 DOCUMENT_URI = "urn:keel:edge:openapi"
 ADMIN_ONLY_KEY = "edge-test-admin-only-key-012345"

@@ -17,7 +17,7 @@ import httpx
 from edge.app import create_app
 from edge.http import CheckedRoute
 from edge.openapi import OPENAPI
-from tests.edge.conftest import ADMIN_KEY, Stack
+from tests.support.edge_stack import ADMIN_KEY, Stack
 
 _PATH_PARAMETER = re.compile(r"\{(\w+)\}")
 

@@ -16,7 +16,7 @@ import pytest
 from edge.gateway import EdgeConfig
 from edge.server import EdgeServer
 from services.common.config import Settings
-from tests.runner.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
 from tests.support.ports import free_port
 
 

@@ -10,8 +10,8 @@ import logging
 import pytest
 
 from kernel import KernelServer
-from tests.edge.conftest import Stack
-from tests.runner.cluster import eventually
+from tests.support.edge_stack import Stack
+from tests.support.polling import eventually
 
 DEADLINE_S = 60.0
 REFUSED = 3

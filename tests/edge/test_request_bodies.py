@@ -28,8 +28,8 @@ from edge.bodies import (
     UndoDrainBody,
 )
 from edge.errors import BadRequest
-from tests.edge.conftest import Stack
-from tests.edge.test_http_api import assert_error
+from tests.support.edge_stack import Stack
+from tests.support.http_errors import assert_error
 
 SCHEMAS: list[type[Body]] = [
     CreateSessionBody,

@@ -28,8 +28,7 @@ from edge.server import EdgeServer
 from kernel import KernelServer
 from kernel.tenancy import hash_key
 from services.runner.server import RunnerServer
-from tests.edge.conftest import Stack
-from tests.runner.cluster import eventually
+from tests.support.edge_stack import Stack
 from tests.support.front_doors import (
     Event,
     EventStream,
@@ -38,6 +37,7 @@ from tests.support.front_doors import (
     HttpDoor,
     Refused,
 )
+from tests.support.polling import eventually
 
 # A failure bound for a stream to end (or an event to come), far above what
 # it takes; it is never waited out when things work.
@@ -64,6 +64,8 @@ def doors(server: EdgeServer, key: str) -> list[FrontDoor]:
 
 async def until(stream: EventStream, matches: Callable[[Event], bool]) -> Event:
     """Reads `stream` up to the first event that `matches`."""
+    # Reads events as they arrive rather than polling (tests.support.polling):
+    # a matching event may be followed by others, and each one read is spent.
     loop = asyncio.get_running_loop()
     deadline = loop.time() + WITHIN_S
     while True:

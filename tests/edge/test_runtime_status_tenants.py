@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from services.runner.server import RunnerServer
-from tests.edge.conftest import Stack
-from tests.edge.test_runtime_status import (
+from tests.support.edge_stack import Stack
+from tests.support.polling import eventually
+from tests.support.runtime_status import (
     ACME_ADMIN,
     GLOBEX_ADMIN,
     OPERATOR,
@@ -16,7 +17,6 @@ from tests.edge.test_runtime_status import (
     start_running,
     status,
 )
-from tests.runner.cluster import eventually
 
 
 def runner_entry(report: dict[str, Any], runner: RunnerServer) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.edge.conftest import ADMIN_KEY, Stack
+from tests.support.edge_stack import ADMIN_KEY, Stack
 from tests.support.front_doors import FrontDoor, GrpcDoor, HttpDoor, Refused
 
 ATTACKER = "http://attacker.example:8443/v1"

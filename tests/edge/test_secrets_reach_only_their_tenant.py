@@ -26,9 +26,10 @@ from edge.server import EdgeServer
 from services.common.config import Settings
 from services.common.secrets import DEFAULT_PROVIDER_ORIGINS, SecretPolicy
 from services.ledger import CommittedFact
-from tests.processes import ChildProcess
-from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
 from tests.support.internal_auth import TEST_TOKEN
+from tests.support.polling import eventually
+from tests.support.processes import ChildProcess
 from tests.support.provider_listener import ANSWER, ProviderListener
 
 TENANT = "acme"

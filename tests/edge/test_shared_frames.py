@@ -15,9 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -27,7 +25,9 @@ from edge.frames import Frame, WireCodec
 from keel.sessions.v1 import sessions_pb2 as pb
 from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
 from services.ledger import CommittedFact
-from tests.edge.conftest import ADMIN_KEY, DEADLINE_S, SseReader, Stack
+from tests.support.edge_stack import ADMIN_KEY, DEADLINE_S, Stack
+from tests.support.polling import eventually
+from tests.support.sse import SseReader
 
 SSE_CLIENTS = 30
 GRPC_CLIENTS = 10
@@ -51,14 +51,6 @@ class CountingCodec(WireCodec):
         if isinstance(item, CommittedFact):
             self.grpc_encodes[item.seq] += 1
         return super().grpc(item)
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def sse_seqs_until(reader: SseReader, last: int) -> list[int]:
@@ -102,7 +94,7 @@ async def test_each_fact_is_encoded_once_for_all_its_clients(stack: Stack) -> No
         ]
         streams.callback(lambda: [call.cancel() for call in calls])
         await asyncio.gather(*(call.initial_metadata() for call in calls))
-        await until(
+        await eventually(
             lambda: stack.gateway.fanout.clients == SSE_CLIENTS + GRPC_CLIENTS,
             "every client to join the session's fan-out",
         )
@@ -190,13 +182,13 @@ async def test_parked_clients_are_written_by_the_broadcast_and_slow_ones_by_thei
     everyone = [*fast, slow, stalls]
     try:
         marker = await stack.append_inputs(session.split(":", 1)[1], 1, "marker")
-        await until(
+        await eventually(
             lambda: all(f.all_seqs() == [marker] for f in everyone), "the marker to reach all"
         )
         woken = [f.wakeups for f in fast]
         last = await stack.append_inputs(session.split(":", 1)[1], FACTS, "live")
         expected = list(range(marker + 1, last + 1))
-        await until(
+        await eventually(
             lambda: all(f.all_seqs()[-1:] == [last] for f in everyone), "every fact to reach all"
         )
         for follower in fast:

@@ -14,8 +14,9 @@ import httpx
 from edge.gateway import EdgeConfig
 from edge.server import EdgeServer
 from services.cli.chat_view import SseEvent
-from tests.edge.conftest import ADMIN_KEY, SseReader, Stack, fact_seqs, parse
-from tests.runner.cluster import eventually
+from tests.support.edge_stack import ADMIN_KEY, Stack
+from tests.support.polling import eventually
+from tests.support.sse import SseReader, fact_seqs, parse
 
 BIG = 2000
 

@@ -11,7 +11,7 @@ import asyncio
 import time
 
 from services.runner.server import RunnerServer
-from tests.edge.conftest import DEADLINE_S, Stack
+from tests.support.edge_stack import DEADLINE_S, Stack
 
 POLL_S = 0.05
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from keel_client import AsyncKeelClient
 from keel_client import Unavailable as ClientUnavailable
-from tests.edge.conftest import ADMIN_KEY, Stack
+from tests.support.edge_stack import ADMIN_KEY, Stack
 
 
 async def test_a_session_is_not_reported_idle_while_the_kernel_is_away(stack: Stack) -> None:

@@ -22,8 +22,8 @@ from services.common.config import Settings
 from services.ledger import LedgerServer
 from services.runner.config import RunnerConfig
 from services.runner.server import RunnerServer
-from tests.runner.cluster import eventually
 from tests.support.keel_up import keel_cli
+from tests.support.polling import eventually
 from tests.support.ports import free_port
 
 OPERATOR = "two-nodes-operator-key-0123456789"

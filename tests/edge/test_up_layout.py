@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import drop_schema
-from tests.runner.cluster import eventually
+from tests.support.databases import drop_schema
 from tests.support.keel_up import RunningKeel, keel_up
+from tests.support.polling import eventually
 
 KEY = "layout-test-key-0123456789"
 

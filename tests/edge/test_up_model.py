@@ -1,7 +1,7 @@
 """`keel up --model openai:…` switches the tour to a real model in one flag.
 
 `keel up` runs as a real process with OPENAI_BASE_URL pointing at a local
-server speaking the OpenAI wire protocol (tests/runner/wire_servers.py) and
+server speaking the OpenAI wire protocol (tests/support/wire_servers.py) and
 OPENAI_API_KEY set: an input posted over HTTP is answered by that server,
 streamed back over SSE, and the server saw the key as the bearer token. The
 key itself is stored nowhere: the loadout names the variable.
@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from services.cli.chat_view import SseEvent
-from tests.edge.conftest import SseReader, parse
-from tests.runner.wire_servers import WireServer, data_frame, sse_reply
 from tests.support.keel_up import keel_cli, keel_up
+from tests.support.sse import SseReader, parse
+from tests.support.wire_servers import WireServer, data_frame, sse_reply
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.edge.test_make_run import free_port
-from tests.processes import ChildProcess
-from tests.runner.cluster import eventually
+from tests.support.polling import eventually
+from tests.support.ports import free_port
+from tests.support.processes import ChildProcess
 
 KEY = "processes-test-key-0123456789"
 

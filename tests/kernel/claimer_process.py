@@ -46,6 +46,8 @@ async def claimer(target: str, settings: Settings, runtime_id: str, seed: str) -
 
 
 def wait_for_file(path: Path, within: float = 60.0) -> None:
+    # Not tests.support.polling: every replica polls the go-file at 10 ms so
+    # that they start claiming as nearly together as the race test needs.
     deadline = time.monotonic() + within
     while not path.exists():
         if time.monotonic() > deadline:

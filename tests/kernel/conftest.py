@@ -2,70 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from kernel import KernelClient, KernelConfig, KernelServer
-from kernel.database import Database
-from kernel.domain import RetryPolicy
-from kernel.registry import Registration, RegistryStore
-from kernel.store import LeaseStore
-from kernel.tenancy import TenantStore
+from kernel import KernelClient, KernelServer
 from services.common.config import Settings
-
-# Short everything, so tests wait on events and tiny intervals, never on defaults.
-FAST = KernelConfig(
-    max_attempts=3,
-    backoff_base_ms=1,
-    backoff_cap_ms=4,
-    reconcile_ms=100,
-    recheck_ms=50,
-    sweep_ms=20,
-    attach_heartbeat_ms=200,
-)
-# Long enough that only an explicit expiry (never the TTL) can end a lease.
-LONG_TTL_MS = 600_000
-
-
-class FakeClock:
-    def __init__(self, start: int = 1_000_000) -> None:
-        self.now = start
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
-
-
-@dataclass
-class Stores:
-    database: Database
-    leases: LeaseStore
-    registry: RegistryStore
-    tenants: TenantStore
-    clock: FakeClock
-
-    def register(self, *runtime_ids: str) -> None:
-        for runtime_id in runtime_ids:
-            self.registry.register(Registration(runtime_id, pid=1))
-
-
-def open_stores(
-    settings: Settings, lease_ms: int = 1_000, policy: RetryPolicy | None = None
-) -> Stores:
-    clock = FakeClock()
-    database = Database(settings)
-    return Stores(
-        database=database,
-        leases=LeaseStore(database, lease_ms, policy or RetryPolicy(3, 100, 400), clock=clock),
-        registry=RegistryStore(database, clock),
-        tenants=TenantStore(database, clock),
-        clock=clock,
-    )
+from tests.support.kernel_stores import FAST, LONG_TTL_MS, Stores, open_stores
 
 
 @pytest.fixture
@@ -91,15 +34,3 @@ async def kernel(long_ttl: Settings) -> AsyncIterator[KernelServer]:
 async def client(kernel: KernelServer) -> AsyncIterator[KernelClient]:
     async with KernelClient(kernel.target, kernel.settings) as opened:
         yield opened
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], within: float = 15.0, what: str = "condition"
-) -> None:
-    """Polls `check` until it holds; fails at the deadline (never a fixed sleep)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError(f"{what} did not hold within {within}s")
-        await asyncio.sleep(0.02)

@@ -22,7 +22,8 @@ from psycopg import sql
 
 from kernel import KernelClient, KernelServer
 from services.common.config import Settings
-from tests.kernel.conftest import FAST, LONG_TTL_MS
+from tests.support.kernel_stores import FAST, LONG_TTL_MS
+from tests.support.polling import eventually
 
 TENANT = "tenant-backlog"
 SESSION = "session-backlog"
@@ -49,19 +50,19 @@ async def _waiting(url: str, schema: str) -> list[str]:
     return [str(row[0]) for row in rows]
 
 
-async def _until(check: asyncio.Future[object] | None, url: str, schema: str) -> list[str]:
-    """Polls the lock waits until one is on the tenant's counter (check None)
-    or until `check` is done or a wait on a session row shows up."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 60
-    while loop.time() < deadline:
-        waits = await _waiting(url, schema)
-        if check is None and any("kernel_slots" in q for q in waits):
-            return waits
-        if check is not None and (check.done() or any("kernel_sessions" in q for q in waits)):
-            return waits
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"nothing happened; lock waits: {await _waiting(url, schema)}")
+async def _lock_waits(check: asyncio.Future[None] | None, url: str, schema: str) -> list[str]:
+    """The lock waits, once one is on the tenant's counter (check None), or
+    once `check` is done or a wait on a session row shows up."""
+    seen: list[str] = []
+
+    async def probe() -> list[str] | None:
+        seen[:] = waits = await _waiting(url, schema)
+        if check is None:
+            return waits if any("kernel_slots" in q for q in waits) else None
+        return waits if check.done() or any("kernel_sessions" in q for q in waits) else None
+
+    what = "a lock wait on the tenant's counter" if check is None else "the enqueue or a row wait"
+    return await eventually(probe, what, detail=lambda: f"lock waits: {seen}")
 
 
 async def test_enqueue_commits_while_a_claim_waits_for_the_tenant_counter(
@@ -81,9 +82,9 @@ async def test_enqueue_commits_while_a_claim_waits_for_the_tenant_counter(
                 "UPDATE kernel_slots SET in_use = in_use WHERE tenant_id = %s", (TENANT,)
             )
             claiming = asyncio.ensure_future(client.claim("runner-backlog", wait_ms=0))
-            await _until(None, url, schema)  # the claim waits for the counter
+            await _lock_waits(None, url, schema)  # the claim waits for the counter
             enqueueing = asyncio.ensure_future(client.enqueue(SESSION, TENANT, input_seq=2))
-            waits = await _until(enqueueing, url, schema)
+            waits = await _lock_waits(enqueueing, url, schema)
             # Still held: the Enqueue committed without waiting for admission.
             assert enqueueing.done(), f"Enqueue waits behind the claim: {waits}"
             await enqueueing

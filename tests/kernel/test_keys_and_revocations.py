@@ -23,7 +23,7 @@ from kernel import (
 )
 from kernel.tenancy import hash_key
 from services.common.config import Settings
-from tests.kernel.conftest import FAST
+from tests.support.kernel_stores import FAST
 
 # A safety net for awaiting something that must happen; never a measurement.
 DEADLINE_S = 20.0

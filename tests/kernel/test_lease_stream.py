@@ -28,7 +28,7 @@ from services.common import hops
 from services.common.config import Settings
 from services.common.errors import error_info
 from services.common.serving import open_channel
-from tests.kernel.conftest import eventually
+from tests.support.polling import eventually
 
 # A claim is woken by an event only: the periodic re-check never fires.
 NO_RECHECK = KernelConfig(recheck_ms=600_000, sweep_ms=20, attach_heartbeat_ms=200)

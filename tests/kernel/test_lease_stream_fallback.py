@@ -14,7 +14,7 @@ from kernel import KernelClient, KernelServer, StaleEpoch
 from kernel.servicer import KernelServicer
 from services.common import hops
 from services.common.config import Settings
-from tests.kernel.conftest import FAST
+from tests.support.kernel_stores import FAST
 
 
 @pytest.fixture

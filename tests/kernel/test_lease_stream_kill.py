@@ -12,11 +12,11 @@ from kernel import KernelClient
 from services.common.config import Settings
 from services.common.errors import ServiceUnavailable
 from services.ledger import LedgerServer
-from tests.conftest import settings_env
-from tests.kernel.conftest import LONG_TTL_MS
-from tests.processes import ChildProcess
-from tests.runner.cluster import eventually
+from tests.support.databases import settings_env
+from tests.support.kernel_stores import LONG_TTL_MS
+from tests.support.polling import eventually
 from tests.support.ports import free_port
+from tests.support.processes import ChildProcess
 
 pytestmark = pytest.mark.slow
 

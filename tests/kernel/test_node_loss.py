@@ -29,7 +29,7 @@ from kernel.tenancy import TenantStore
 from services.common.config import DEFAULT_LEASE_MS, Settings
 from services.common.runtime_records import records_dir
 from services.ledger import LedgerClient, LedgerServer
-from tests.runner.cluster import eventually
+from tests.support.polling import eventually
 
 # Fast heartbeats, so the test waits a second for a death, not three.
 FAST_LIVENESS = {"KEEL_RUNTIME_HEARTBEAT_MS": "200", "KEEL_RUNTIME_DEAD_AFTER_MS": "1000"}

@@ -12,9 +12,10 @@ import pytest
 from kernel import KernelClient, KernelServer, StaleEpoch
 from services.common.config import Settings
 from services.ledger import LedgerClient, LedgerServer
-from tests.conftest import settings_env
-from tests.kernel.conftest import FAST, LONG_TTL_MS, eventually
-from tests.processes import ChildProcess
+from tests.support.databases import settings_env
+from tests.support.kernel_stores import FAST, LONG_TTL_MS
+from tests.support.polling import eventually
+from tests.support.processes import ChildProcess
 
 pytestmark = pytest.mark.slow
 

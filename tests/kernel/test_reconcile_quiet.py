@@ -17,7 +17,7 @@ from kernel.reconcile import Reconciler
 from services.common.config import Settings
 from services.ledger import LedgerClient, LedgerServer
 from services.ledger.client import SessionPage
-from tests.kernel.conftest import Stores, open_stores
+from tests.support.kernel_stores import Stores, open_stores
 
 GRACE_MS = 10_000
 RUNTIME = "r1"

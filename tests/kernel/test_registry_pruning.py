@@ -15,7 +15,8 @@ from kernel.expiry import RuntimePruner
 from kernel.registry import Registration, RegistryStore
 from services.common.config import Settings
 from services.common.errors import ServiceUnavailable
-from tests.kernel.conftest import FakeClock, Stores, eventually
+from tests.support.kernel_stores import FakeClock, Stores
+from tests.support.polling import eventually
 
 RETENTION = 60_000
 

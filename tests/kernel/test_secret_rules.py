@@ -22,7 +22,7 @@ from kernel.errors import WeakApiKey
 from kernel.loadout_secrets import check_loadout_secrets
 from services.common.config import Settings
 from services.common.secrets import SecretPolicy
-from tests.kernel.conftest import FAST
+from tests.support.kernel_stores import FAST
 
 LOCAL = "http://127.0.0.1:9"
 POLICY = (

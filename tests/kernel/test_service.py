@@ -30,7 +30,8 @@ from kernel.domain import FailureKind
 from services.common.config import Settings
 from services.common.errors import error_info
 from services.common.serving import open_channel
-from tests.kernel.conftest import FAST, eventually
+from tests.support.kernel_stores import FAST
+from tests.support.polling import eventually
 
 # A claim must be woken by an event: the periodic re-check never fires.
 NO_RECHECK = KernelConfig(recheck_ms=600_000, sweep_ms=20, attach_heartbeat_ms=200)

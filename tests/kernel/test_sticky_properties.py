@@ -29,7 +29,7 @@ import pytest
 from kernel.domain import Lease, LeaseState
 from kernel.errors import LeaseLost, StaleEpoch
 from services.common.config import Settings
-from tests.kernel.conftest import Stores, open_stores
+from tests.support.kernel_stores import Stores, open_stores
 
 TTL = 1_000
 STICKY_MS = 500

@@ -20,8 +20,8 @@ from kernel.errors import (
 from kernel.registry import Registration
 from kernel.tenancy import ApiKeyGrant, hash_key
 from services.common.config import Settings
-from tests.conftest import start_at_once
-from tests.kernel.conftest import Stores
+from tests.support.kernel_stores import Stores
+from tests.support.replicas import start_at_once
 
 TTL = 1_000
 

@@ -28,7 +28,7 @@ from hypothesis.stateful import (
 from kernel.domain import Lease
 from kernel.errors import KernelError, LeaseLost, StaleEpoch
 from services.common.config import Settings
-from tests.kernel.conftest import Stores, open_stores
+from tests.support.kernel_stores import Stores, open_stores
 
 TTL = 1_000
 LIMITS = {"ta": 2, "tb": 8}

@@ -32,9 +32,9 @@ from services.ledger import (
     SessionNotFound,
     StaleEpoch,
 )
-from tests.conftest import settings_env
-from tests.processes import ChildProcess
+from tests.support.databases import settings_env
 from tests.support.internal_auth import token_metadata
+from tests.support.processes import ChildProcess
 
 AppendOne = Callable[[str, str, Mapping[str, object], int], Awaitable[Appended]]
 STREAM = "keel.ledger.v1.LedgerService/AppendStream"

@@ -12,8 +12,8 @@ from services.ledger import (
     LedgerServer,
     StaleEpoch,
 )
-from tests.conftest import settings_env
-from tests.processes import ChildProcess
+from tests.support.databases import settings_env
+from tests.support.processes import ChildProcess
 
 
 def started(epoch: int) -> dict[str, object]:

@@ -25,9 +25,9 @@ from kernel import KernelClient, KernelServer
 from services.common.config import Settings
 from services.ledger import LedgerClient, LedgerServer
 from services.runner.tool_state import counter_store
-from tests.conftest import settings_env
-from tests.processes import ChildProcess
+from tests.support.databases import settings_env
 from tests.support.ports import free_port
+from tests.support.processes import ChildProcess
 from tests.support.stale_race import (
     CLAIM_WAIT_MS,
     WRITES,

@@ -10,8 +10,9 @@ import pytest
 from services.common.config import Settings
 from services.ledger import LedgerClient
 from services.ledger.store import LedgerStore
-from tests.conftest import settings_env, start_at_once
-from tests.processes import ChildProcess
+from tests.support.databases import settings_env
+from tests.support.processes import ChildProcess
+from tests.support.replicas import start_at_once
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import pytest
 from services.common.config import Settings
 from services.ledger import LedgerClient, LedgerServer
 from services.ledger.facts import CommittedFact
+from tests.support.polling import eventually
 
 LIVE = 60
 
@@ -47,20 +48,13 @@ async def follow(client: LedgerClient, session_id: str, count: int) -> list[Comm
     return seen
 
 
-async def until(predicate: Any, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + 10
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, what
-        await asyncio.sleep(0.01)
-
-
 async def test_live_facts_come_from_memory_equal_to_a_read(
     ledger: LedgerServer, client: LedgerClient
 ) -> None:
     await client.create_session("mem", "tenant-a")
     reads = ReadCounter(ledger)
     follower = asyncio.create_task(follow(client, "mem", 1 + LIVE))
-    await until(lambda: reads.calls >= 1, "the subscriber's first read")
+    await eventually(lambda: reads.calls >= 1, "the subscriber's first read")
     for i in range(LIVE):
         # One at a time, each committed before the next: the subscriber is
         # woken once per commit, at the head every time.

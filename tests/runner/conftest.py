@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.common.config import Settings
-from tests.runner.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
 
 
 @pytest.fixture

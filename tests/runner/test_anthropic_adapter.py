@@ -26,71 +26,23 @@ from agent_io.providers import (
 )
 from compaction.policy import message_from_dict
 from services.common.secrets import SecretPolicy
-from tests.runner.wire_servers import WireServer, error_reply, event_frame, sse_reply
 from tests.support.blobs import PNG, attached
 from tests.support.fault_provider import Fault, FaultyProvider, anthropic_error
+from tests.support.provider_frames import (
+    block_delta,
+    block_start,
+    block_stop,
+    message_end,
+    message_start,
+    text_answer,
+    tool_use_answer,
+)
+from tests.support.wire_servers import WireServer, error_reply, event_frame, sse_reply
 
 MODEL = "claude-test"
 CLOCK = ToolSpec("clock", "Current time.", {"type": "object", "properties": {"tz": {}}})
 SLEEP = ToolSpec("sleep", "Wait.", {"type": "object", "properties": {"seconds": {}}})
 EPHEMERAL = {"type": "ephemeral"}
-
-
-def message_start(input_tokens: int = 25, cache_read: int = 0, cache_write: int = 0) -> str:
-    usage = {
-        "input_tokens": input_tokens,
-        "output_tokens": 1,
-        "cache_read_input_tokens": cache_read,
-        "cache_creation_input_tokens": cache_write,
-    }
-    message: dict[str, Any] = {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "content": [],
-        "model": "claude-test-20250101",
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": usage,
-    }
-    return event_frame("message_start", {"type": "message_start", "message": message})
-
-
-def block_start(index: int, block: dict[str, Any]) -> str:
-    payload = {"type": "content_block_start", "index": index, "content_block": block}
-    return event_frame("content_block_start", payload)
-
-
-def block_delta(index: int, delta: dict[str, Any]) -> str:
-    payload = {"type": "content_block_delta", "index": index, "delta": delta}
-    return event_frame("content_block_delta", payload)
-
-
-def block_stop(index: int) -> str:
-    return event_frame("content_block_stop", {"type": "content_block_stop", "index": index})
-
-
-def message_end(stop_reason: str, output_tokens: int) -> list[str]:
-    delta = {
-        "type": "message_delta",
-        "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-        "usage": {"output_tokens": output_tokens},
-    }
-    return [
-        event_frame("message_delta", delta),
-        event_frame("message_stop", {"type": "message_stop"}),
-    ]
-
-
-def text_answer(*pieces: str, stop_reason: str = "end_turn") -> list[str]:
-    deltas = [block_delta(0, {"type": "text_delta", "text": piece}) for piece in pieces]
-    return [
-        message_start(),
-        block_start(0, {"type": "text", "text": ""}),
-        *deltas,
-        block_stop(0),
-        *message_end(stop_reason, 5),
-    ]
 
 
 @pytest.fixture
@@ -273,20 +225,6 @@ async def test_transcript_is_converted(server: WireServer, provider: AnthropicMe
             ],
         },
     ]
-
-
-def tool_use_answer(
-    calls: list[tuple[str, str, list[str]]], stop_reason: str = "tool_use"
-) -> list[str]:
-    """A message of tool_use blocks: (id, wire name, input JSON pieces) each."""
-    frames = [message_start()]
-    for index, (call_id, name, pieces) in enumerate(calls):
-        start = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
-        frames.append(block_start(index, start))
-        for piece in pieces:
-            frames.append(block_delta(index, {"type": "input_json_delta", "partial_json": piece}))
-        frames.append(block_stop(index))
-    return [*frames, *message_end(stop_reason, 9)]
 
 
 async def test_cut_off_input_is_kept_as_the_model_sent_it(

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from services.ledger.client import FactToAppend
 from services.runner.tool_state import counter_store
-from tests.runner.cluster import Cluster, eventually
-from tests.runner.invariants import assert_recovered
+from tests.support.cluster import Cluster
+from tests.support.ledger_invariants import assert_recovered
+from tests.support.polling import eventually
 
 
 async def test_inputs_committed_while_an_answer_streams_are_each_acted_on(

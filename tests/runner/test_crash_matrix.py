@@ -33,9 +33,10 @@ import pytest
 from services.common.config import Settings
 from services.ledger import CommittedFact
 from services.runner.tool_state import counter_store
-from tests.processes import ChildProcess
-from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
-from tests.runner.invariants import assert_recovered
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.ledger_invariants import assert_recovered
+from tests.support.polling import eventually
+from tests.support.processes import ChildProcess
 
 TWO_COUNTERS = '/tool counter {"key": "KEY-a"} | counter {"key": "KEY-b"}'
 # Long enough that only a cancel ends them.

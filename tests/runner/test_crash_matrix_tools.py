@@ -32,9 +32,10 @@ import pytest
 from agent_io.tools import idempotency_key
 from services.common.config import Settings
 from services.ledger import CommittedFact
-from tests.processes import ChildProcess
-from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
-from tests.runner.invariants import assert_handed_over, assert_recovered
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.ledger_invariants import assert_handed_over, assert_recovered
+from tests.support.polling import eventually
+from tests.support.processes import ChildProcess
 from tests.support.tool_fixtures import (
     MCP_SOURCE,
     SOURCES,

@@ -12,8 +12,9 @@ import pytest
 
 from services.ledger import StaleEpoch
 from services.runner.client import RunnerClient
-from tests.runner.cluster import Cluster, eventually
-from tests.runner.invariants import assert_recovered
+from tests.support.cluster import Cluster
+from tests.support.ledger_invariants import assert_recovered
+from tests.support.polling import eventually
 
 
 async def test_the_old_writer_is_rejected_after_cutover(cluster: Cluster) -> None:

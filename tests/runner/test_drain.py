@@ -5,18 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from services.runner.client import RunnerClient
-from tests.runner.cluster import Cluster, eventually
-from tests.runner.invariants import assert_recovered
+from tests.support.cluster import Cluster, wait_for_kind
+from tests.support.ledger_invariants import assert_recovered
 
 SLOW_TOOLS = '/tool sleep {"seconds": 1} | counter {"key": "%s"} | sleep {"seconds": 1}'
-
-
-async def wait_for_kind(cluster: Cluster, session: str, kind: str, count: int = 1) -> None:
-    async def probe() -> bool | None:
-        facts = await cluster.facts(session)
-        return True if sum(f.kind == kind for f in facts) >= count else None
-
-    await eventually(probe, f"{count} {kind} fact(s) in {session}")
 
 
 async def test_handoff_settles_at_a_commit_boundary_and_a_successor_continues(

@@ -29,10 +29,10 @@ from services.ledger import CommittedFact
 from services.runner.client import RunnerClient
 from services.runner.config import RunnerConfig
 from services.runner.server import RunnerServer, advertised_address, check_addresses
-from tests.kernel.conftest import open_stores
-from tests.runner.cluster import Cluster, eventually
-from tests.runner.invariants import assert_recovered
-from tests.runner.test_drain import wait_for_kind
+from tests.support.cluster import Cluster, wait_for_kind
+from tests.support.kernel_stores import open_stores
+from tests.support.ledger_invariants import assert_recovered
+from tests.support.polling import eventually
 
 TOOLS = '/tool counter {"key": "%s"} | counter {"key": "%s-2"}'
 

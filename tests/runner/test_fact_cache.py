@@ -14,7 +14,8 @@ from services.ledger.facts import CommittedFact
 from services.runner.config import RunnerConfig
 from services.runner.factcache import FactCache, SessionHistory
 from services.runner.server import RunnerServer
-from tests.runner.cluster import eventually, start_cluster, stop_cluster
+from tests.support.cluster import start_cluster, stop_cluster
+from tests.support.polling import eventually
 
 
 class CountingLedger(LedgerClient):

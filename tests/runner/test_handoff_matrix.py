@@ -28,9 +28,6 @@ import pytest
 from services.common.config import Settings
 from services.ledger import CommittedFact
 from services.runner.tool_state import counter_store
-from tests.processes import ChildProcess
-from tests.runner.cluster import eventually
-from tests.runner.invariants import assert_handed_over, assert_recovered, assert_stream_continuous
 from tests.support.handoff_matrix import (
     HandoffStack,
     SseFollower,
@@ -39,6 +36,13 @@ from tests.support.handoff_matrix import (
     handoff_stack,
     runtime_id_of,
 )
+from tests.support.ledger_invariants import (
+    assert_handed_over,
+    assert_recovered,
+    assert_stream_continuous,
+)
+from tests.support.polling import eventually
+from tests.support.processes import ChildProcess
 
 TWO_COUNTERS = '/tool counter {"key": "KEY-a"} | counter {"key": "KEY-b"}'
 ONE_COUNTER = '/tool counter {"key": "KEY-a"}'

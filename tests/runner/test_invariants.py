@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from services.ledger import CommittedFact
-from tests.runner.invariants import assert_recovered
+from tests.support.ledger_invariants import assert_recovered
 
 
 def ledger(*facts: tuple[str, dict[str, Any], int]) -> list[CommittedFact]:

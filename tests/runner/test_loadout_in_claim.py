@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from services.common import hops
-from tests.runner.cluster import Cluster
-from tests.runner.invariants import assert_recovered
+from tests.support.cluster import Cluster
+from tests.support.ledger_invariants import assert_recovered
 
 GET_LOADOUT = "keel.kernel.v1.KernelService/GetLoadout"
 

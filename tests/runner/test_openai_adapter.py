@@ -31,54 +31,14 @@ from agent_io.providers.base import retry_after_ms
 from compaction.transcript import request_messages
 from services.common.secrets import SecretPolicy
 from services.ledger.facts import CommittedFact
-from tests.runner.wire_servers import WireServer, data_frame, error_reply, sse_reply
 from tests.support.blobs import PNG, attached
 from tests.support.fault_provider import Fault, FaultyProvider, openai_error
+from tests.support.provider_frames import DONE, chunk, tool_delta, usage_chunk
+from tests.support.wire_servers import WireServer, data_frame, error_reply, sse_reply
 
 MODEL = "gpt-test"
 CLOCK = ToolSpec("clock", "Current time.", {"type": "object", "properties": {}})
 SLEEP = ToolSpec("sleep", "Wait.", {"type": "object", "properties": {"seconds": {}}})
-
-
-def chunk(delta: dict[str, Any] | None = None, finish: str | None = None) -> str:
-    choice = {"index": 0, "delta": delta or {}, "finish_reason": finish}
-    body = {
-        "id": "chatcmpl-1",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "gpt-test-2024",
-        "choices": [choice],
-    }
-    return data_frame(body)
-
-
-def usage_chunk(prompt: int, completion: int, cached: int = 0) -> str:
-    usage = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-    body = {
-        "id": "chatcmpl-1",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "gpt-test-2024",
-        "choices": [],
-        "usage": usage,
-    }
-    return data_frame(body)
-
-
-def tool_delta(index: int, arguments: str, call_id: str = "", name: str = "") -> dict[str, Any]:
-    part: dict[str, Any] = {"index": index, "function": {"arguments": arguments}}
-    if call_id:
-        part.update(id=call_id, type="function")
-        part["function"]["name"] = name
-    return {"tool_calls": [part]}
-
-
-DONE = data_frame("[DONE]")
 
 
 @pytest.fixture

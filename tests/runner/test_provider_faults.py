@@ -23,11 +23,12 @@ import pytest
 from services.common.config import Settings
 from services.common.secrets import SecretPolicy
 from services.ledger import CommittedFact
-from tests.processes import ChildProcess
-from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
-from tests.runner.invariants import assert_recovered
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
 from tests.support.fault_provider import ANSWER, FaultyProvider, openai_error
+from tests.support.ledger_invariants import assert_recovered
+from tests.support.polling import eventually
 from tests.support.ports import free_port
+from tests.support.processes import ChildProcess
 
 MAX_ATTEMPTS = 3
 MAX_RATE_LIMITED = 5

@@ -22,7 +22,7 @@ import pytest
 
 from services.common.config import Settings
 from services.runner.tool_state import counter_store
-from tests.runner.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
 from tests.support.stale_race import (
     CLAIM_WAIT_MS,
     WRITES,

@@ -19,9 +19,10 @@ from kernel.domain import LeaseState, SessionRecord
 from kernel.store import LeaseStore
 from services.ledger import CommittedFact, StaleEpoch
 from services.runner.client import RunnerClient
-from tests.runner.cluster import Cluster, eventually
-from tests.runner.invariants import assert_recovered
+from tests.support.cluster import Cluster
 from tests.support.handoff_matrix import runtime_id_of
+from tests.support.ledger_invariants import assert_recovered
+from tests.support.polling import eventually
 
 LONG_WINDOW = {"KEEL_STICKY_MS": "600000"}
 

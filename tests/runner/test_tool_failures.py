@@ -22,8 +22,8 @@ import pytest
 
 from services.common.config import Settings
 from services.common.secrets import SecretPolicy
-from tests.runner.cluster import Cluster, start_cluster, stop_cluster
-from tests.runner.invariants import assert_recovered
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.ledger_invariants import assert_recovered
 from tests.support.ports import free_port
 from tests.support.tool_fixtures import ToolServers, start_tool_servers
 

@@ -31,12 +31,11 @@ from services.common.secrets import SecretPolicy
 from services.ledger import CommittedFact
 from services.runner.config import RunnerConfig
 from services.runner.server import RunnerServer
-from tests.runner.cluster import Cluster, start_cluster, stop_cluster
-from tests.runner.test_anthropic_adapter import text_answer, tool_use_answer
-from tests.runner.test_openai_adapter import DONE, chunk, tool_delta
-from tests.runner.wire_servers import WireServer, sse_reply
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
 from tests.support.mcp_server import server_command, tiny_png
 from tests.support.ports import free_port
+from tests.support.provider_frames import DONE, chunk, text_answer, tool_delta, tool_use_answer
+from tests.support.wire_servers import WireServer, sse_reply
 
 COMMAND = list(server_command())
 FILES = {"source": "mcp", "name": "files", "transport": "stdio", "command": COMMAND}

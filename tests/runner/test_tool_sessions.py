@@ -27,14 +27,15 @@ from services.common.config import Settings
 from services.common.secrets import SecretPolicy
 from services.ledger import CommittedFact
 from services.runner.tool_state import counter_store
-from tests.processes import ChildProcess
-from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
-from tests.runner.invariants import assert_recovered
-from tests.runner.wire_servers import WireServer, data_frame, sse_reply
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.ledger_invariants import assert_recovered
 from tests.support.mcp_server import server_command
+from tests.support.polling import eventually
 from tests.support.ports import free_port
+from tests.support.processes import ChildProcess
 from tests.support.tool_fixtures import alive, children_of, command_line
 from tests.support.tool_service import RunningToolService, launch
+from tests.support.wire_servers import WireServer, data_frame, sse_reply
 
 pytestmark = pytest.mark.slow
 

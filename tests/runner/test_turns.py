@@ -9,8 +9,9 @@ import pytest
 
 from services.common.config import Settings
 from services.runner.tool_state import counter_store
-from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
-from tests.runner.invariants import assert_recovered
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.ledger_invariants import assert_recovered
+from tests.support.polling import eventually
 
 
 async def test_an_input_is_answered_once(cluster: Cluster) -> None:

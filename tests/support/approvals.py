@@ -19,7 +19,7 @@ from kernel.store import now_ms
 from services.common.config import Settings
 from services.ledger import CommittedFact, LedgerClient
 from services.runner.tool_state import counter_store as deployment_counters
-from tests.runner.cluster import eventually
+from tests.support.polling import eventually
 
 T = TypeVar("T")
 

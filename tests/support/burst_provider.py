@@ -25,8 +25,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from tests.runner.wire_servers import data_frame, event_frame
 from tests.support.loopback_http import LoopbackApp, LoopbackHttp
+from tests.support.wire_servers import data_frame, event_frame
 
 OPENAI_PATH = "/v1/chat/completions"
 ANTHROPIC_PATH = "/v1/messages"

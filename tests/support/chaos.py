@@ -8,8 +8,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
-from tests.processes import ROOT
 from tests.support.keel_up import KEEL, RunningKeel, clean_env
+from tests.support.processes import ROOT
 from tests.support.stale_race import Refusal, refusals_in
 
 # Fails a hung run; a round normally takes seconds.

@@ -21,7 +21,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 STEP_TIMEOUT_S = 240.0

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from edge.server import EdgeServer
 
 if TYPE_CHECKING:
-    from tests.edge.conftest import Stack
+    from tests.support.edge_stack import Stack
 
 
 def grpc_port_of(edge: EdgeServer) -> int:

@@ -19,8 +19,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from edge.fanout import FanoutHub, Live
 from services.common.config import Settings
 from services.ledger import CommittedFact, LedgerClient, SessionView
-from tests.processes import ChildProcess
-from tests.runner.cluster import eventually
+from tests.support.polling import eventually
+from tests.support.processes import ChildProcess
 
 
 class Frozen:
@@ -105,6 +105,8 @@ class Follower:
 
     async def until(self, matches: Callable[[Live], bool], what: str, deadline_s: float) -> Live:
         """The first item that `matches`, waiting for it until the deadline."""
+        # Woken by each batch the follower reads, not polled
+        # (tests.support.polling), and it fails as soon as the stream ends.
         deadline = time.monotonic() + deadline_s
         while True:
             self._changed.clear()

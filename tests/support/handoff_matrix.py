@@ -1,7 +1,7 @@
 """Two edges, real runner processes and one SSE client, for the handoff matrix.
 
 `handoff_stack` runs a ledger and a kernel in the test's process (as
-tests/runner/cluster.py does) and two in-process edges over real HTTP, so a
+tests/support/cluster.py does) and two in-process edges over real HTTP, so a
 client can be moved off an edge that drains. `SseFollower` is that client:
 it reads a session's event stream from before its first input, keeps every
 fact it is sent, and reconnects with `Last-Event-ID` whenever a stream ends
@@ -24,8 +24,9 @@ from edge.server import EdgeServer
 from services.cli.chat_view import SseParser
 from services.common.config import Settings
 from services.ledger import CommittedFact
-from tests.processes import ChildProcess
-from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.polling import eventually
+from tests.support.processes import ChildProcess
 
 OPERATOR_KEY = "handoff-matrix-operator-key-0123456789"
 DEADLINE_S = 60.0
@@ -183,6 +184,8 @@ class SseFollower:
 
     async def until(self, predicate: Callable[[list[CommittedFact]], bool], what: str) -> None:
         """Waits until the facts seen so far satisfy `predicate`."""
+        # Woken by each fact the client reads, not polled (tests.support.polling),
+        # and it stops as soon as the client itself fails.
 
         async def seen() -> None:
             while not predicate(self.facts):

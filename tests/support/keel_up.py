@@ -14,14 +14,14 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from services.cli import up_ports
-from tests.processes import ROOT, ChildProcess
+from tests.support.polling import eventually_sync
+from tests.support.processes import ROOT, ChildProcess
 
 KEEL = Path(sys.executable).with_name("keel")
 START_DEADLINE_S = 60.0
@@ -69,17 +69,19 @@ class RunningKeel:
 
 
 def _discovered(path: Path, child: ChildProcess) -> dict[str, Any]:
-    deadline = time.monotonic() + START_DEADLINE_S
-    while time.monotonic() < deadline:
+    def record() -> dict[str, Any] | None:
         if child.proc.poll() is not None:
             raise AssertionError(f"keel up exited with {child.proc.returncode}:\n{child.output()}")
         with contextlib.suppress(OSError, ValueError):
-            record: dict[str, Any] = json.loads(path.read_text())
+            written: dict[str, Any] = json.loads(path.read_text())
             # Not one a killed `keel up` left behind.
-            if record.get("pid") == child.proc.pid:
-                return record
-        time.sleep(0.05)  # polling a file with a deadline
-    raise AssertionError(f"keel up wrote no {path.name}:\n{child.output()}")
+            if written.get("pid") == child.proc.pid:
+                return written
+        return None
+
+    return eventually_sync(
+        record, f"keel up to write {path.name}", START_DEADLINE_S, detail=child.output
+    )
 
 
 _UP_LINE = re.compile(r"^Keel is up: (http://\S+)/#key=(\S+)$")

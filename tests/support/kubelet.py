@@ -14,7 +14,7 @@ rendered manifests on this host, as Kubernetes would run them:
   resolves to the pod published behind it.
 - Its volumes are directories of its own (an emptyDir at each mount path);
   the image's virtualenv is this one. (The process itself runs from the
-  repository root, as tests/processes.py starts every child; its hooks run
+  repository root, as tests/support/processes.py starts every child; its hooks run
   in the image's WORKDIR. Nothing in the manifests is a relative path.)
 - The kubelet calls a pod ready once its startup probe and then its
   readiness probe pass (gRPC health SERVING, or an HTTP GET answered 2xx or
@@ -48,9 +48,9 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.processes import ChildProcess
 from tests.support.dockerfile import parse as parse_dockerfile
 from tests.support.manifests import Doc, keel_service
+from tests.support.processes import ChildProcess
 
 PROBE_PERIOD_S = 0.1
 PROBE_TIMEOUT_S = 2.0

@@ -24,7 +24,7 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped]
 import yaml
 
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = K8S / "overlays"

@@ -18,8 +18,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from tests.runner.wire_servers import data_frame
 from tests.support.loopback_http import LoopbackApp, LoopbackHttp
+from tests.support.wire_servers import data_frame
 
 ANSWER = "granted answer"
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

@@ -24,7 +24,7 @@ from edge.limits import ClientLimits
 from edge.server import EdgeServer
 
 if TYPE_CHECKING:
-    from tests.edge.conftest import Stack
+    from tests.support.edge_stack import Stack
 
 
 @contextlib.asynccontextmanager

@@ -31,9 +31,9 @@ from pathlib import Path
 from agent_io.tools.builtin import CounterEffects
 from kernel import KernelClient
 from services.ledger import LedgerClient
-from tests.processes import ChildProcess
-from tests.runner.cluster import eventually
-from tests.runner.invariants import assert_handed_over, assert_recovered
+from tests.support.ledger_invariants import assert_handed_over, assert_recovered
+from tests.support.polling import eventually
+from tests.support.processes import ChildProcess
 from tests.support.tool_fixtures import alive, stopped
 
 TWO_COUNTERS = '/tool counter {{"key": "{session}-a"}} | counter {{"key": "{session}-b"}}'

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from keel_tools import ToolServer
-from tests.processes import ChildProcess
+from tests.support.processes import ChildProcess
 
 _ADDRESS = re.compile(r"^127\.0\.0\.1:\d+$")
 _effects_lock = threading.Lock()

@@ -38,9 +38,9 @@ from agent_io.tools import child_sandbox
 from services.cli.data_dir import TOKEN_FILE, data_dir_token
 from services.common.config import Settings
 from services.common.secrets import SecretPolicy
-from tests.processes import ROOT
-from tests.runner.cluster import Cluster, start_cluster, stop_cluster
 from tests.support import mcp_probe_server
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.slow
 

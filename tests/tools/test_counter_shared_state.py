@@ -21,7 +21,8 @@ import pytest
 
 from services.common.config import Settings
 from services.runner.tool_state import counter_store
-from tests.runner.cluster import Cluster, eventually, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.polling import eventually
 
 SESSION = "shared-counter"
 CALL = '/tool counter {"key": "K"}'

@@ -19,7 +19,7 @@ import pytest
 
 from services.common.config import Settings
 from services.common.secrets import SecretPolicy
-from tests.runner.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
 from tests.support.mcp_server import HttpMcpServer
 from tests.support.ports import free_port
 

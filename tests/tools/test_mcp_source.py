@@ -23,6 +23,7 @@ from tests.support.mcp_server import (
     server_env,
     tiny_png,
 )
+from tests.support.polling import eventually
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -108,14 +109,14 @@ async def files(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 
 async def wait_until_gone(pid: int) -> None:
-    deadline = asyncio.get_running_loop().time() + GONE_DEADLINE_S
-    while True:
+    def gone() -> bool:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return
-        assert asyncio.get_running_loop().time() < deadline, f"process {pid} is still there"
-        await asyncio.sleep(0.02)
+            return True
+        return False
+
+    await eventually(gone, f"process {pid} to be gone", GONE_DEADLINE_S)
 
 
 async def server_pid(files: Files) -> int:

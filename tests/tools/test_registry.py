@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from agent_io.tools import (
     idempotency_key,
 )
 from agent_io.tools.factory import ToolDefaults, settings_of
+from tests.support.polling import eventually
 
 Behaviour = Callable[[ToolCall, float], Awaitable[ToolOutcome]]
 OBJECT = {"type": "object"}
@@ -367,13 +367,6 @@ class Sources:
 def loadout(revision: int) -> Loadout:
     document = {"tools": [{"source": "grpc", "name": "files", "target": "files:1"}]}
     return Loadout.from_document(revision, document)
-
-
-async def eventually(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 async def test_tools_are_listed_once_per_revision() -> None:

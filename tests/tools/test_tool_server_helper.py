@@ -20,8 +20,8 @@ from keel.tools.v1 import tools_pb2 as pb
 from keel.tools.v1 import tools_pb2_grpc as pb_grpc
 from keel_tools import TOKEN_METADATA, ToolServer, define_tool, schema_of
 from keel_tools.server import schema_problem
-from tests.processes import ChildProcess
 from tests.support.ports import free_port
+from tests.support.processes import ChildProcess
 
 TOKEN = "helper-test-token-0123456789"
 

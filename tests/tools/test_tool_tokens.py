@@ -24,11 +24,11 @@ from keel_tools.server import UnsafeToolServer
 from services.common.config import Settings
 from services.common.secrets import SecretPolicy
 from services.ledger import CommittedFact
-from tests.processes import ChildProcess
-from tests.runner.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, start_cluster, stop_cluster
 from tests.support.internal_auth import TEST_TOKEN
 from tests.support.keel_up import run_keel
 from tests.support.ports import free_port
+from tests.support.processes import ChildProcess
 from tests.support.tool_service import RunningToolService, launch
 
 pytestmark = pytest.mark.slow

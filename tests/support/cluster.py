@@ -1,4 +1,4 @@
-"""A real Keel cluster for runner tests.
+"""A real Keel cluster for runner, edge and tool tests.
 
 The ledger and kernel run in the test's process (real gRPC servers on
 loopback); runners are real OS processes that tests SIGKILL, SIGSTOP or drain.
@@ -6,35 +6,16 @@ loopback); runners are real OS processes that tests SIGKILL, SIGSTOP or drain.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from kernel import KernelClient, KernelConfig, KernelServer
 from services.common.config import Settings
 from services.ledger import CommittedFact, LedgerClient, LedgerServer
 from services.ledger.domain import SessionView
 from services.ledger.packed_facts import pack_input
-from tests.conftest import settings_env
-from tests.processes import ChildProcess
-
-T = TypeVar("T")
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T | None]], what: str, deadline_s: float = 60.0
-) -> T:
-    """Polls `probe` until it returns a value (not None), failing at the deadline."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        value = await probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+from tests.support.databases import settings_env
+from tests.support.polling import eventually
+from tests.support.processes import ChildProcess
 
 
 @dataclass
@@ -123,3 +104,13 @@ async def stop_cluster(cluster: Cluster) -> None:
     await cluster.kernel.close()
     await cluster.kernel_server.stop()
     await cluster.ledger_server.stop(grace=0.5)
+
+
+async def wait_for_kind(cluster: Cluster, session: str, kind: str, count: int = 1) -> None:
+    """Waits until `session` holds at least `count` facts of `kind`."""
+
+    async def probe() -> bool:
+        facts = await cluster.facts(session)
+        return sum(f.kind == kind for f in facts) >= count
+
+    await eventually(probe, f"{count} {kind} fact(s) in {session}")
