@@ -1,6 +1,8 @@
 # Two commands for a fresh machine:
 #   make run   - create .venv, install Keel, start `keel up` (SQLite, offline model, web page)
 #   make test  - create .venv, install with test extras, lint, type-check, run every test
+# For developers: make check - lint, type-check and the fast tier of the tests
+# (no SIGKILL matrices, no browser, no PostgreSQL outage), in a few minutes.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +10,7 @@ STAMP := $(VENV)/.keel-installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: run test install lint typecheck protos proto-lint pytest clean
+.PHONY: run test check install lint typecheck protos proto-lint pytest pytest-fast clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +26,8 @@ run: install
 	$(VENV)/bin/keel up
 
 test: install proto-lint lint typecheck pytest
+
+check: install lint typecheck pytest-fast
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -49,10 +53,20 @@ protos: install
 
 # pytest exits 5 when it collected nothing; that is a failure here too,
 # but with a clear message rather than a silent pass.
+define run_pytest
+@$(VENV)/bin/pytest $(1); code=$$?; \
+if [ $$code -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; \
+exit $$code
+endef
+
+# Every test; the 25 slowest are listed at the end, so CI shows where time goes.
 pytest: install
-	@$(VENV)/bin/pytest; code=$$?; \
-	if [ $$code -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; \
-	exit $$code
+	$(call run_pytest,--durations=25)
+
+# The fast tier: the markers are registered in pyproject.toml.
+FAST_TIER := not slow and not browser and not outage
+pytest-fast: install
+	$(call run_pytest,-m "$(FAST_TIER)")
 
 clean:
 	rm -rf $(VENV) .tools .keel .mypy_cache .pytest_cache .ruff_cache

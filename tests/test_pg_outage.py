@@ -345,6 +345,7 @@ async def _settled(http: httpx.AsyncClient, sessions: list[str]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.outage
 def test_postgres_outages_under_load_lose_nothing_and_heal_by_themselves(tmp_path: Path) -> None:
     with (
         throwaway_postgres() as pg,

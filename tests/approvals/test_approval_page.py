@@ -29,7 +29,7 @@ from tests.support.web_page import (
     screenshot_path,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
 async def test_the_approve_button_runs_the_waiting_call(tmp_path: Path) -> None:

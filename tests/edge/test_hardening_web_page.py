@@ -33,7 +33,7 @@ from tests.support.web_page import (
     require_chromium,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 _EDGE_PID = re.compile(r"^\s*edge: pid (\d+)")
 
 

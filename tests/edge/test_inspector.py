@@ -33,7 +33,7 @@ from tests.support.web_page import (
     screenshot_path,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
 @pytest.fixture

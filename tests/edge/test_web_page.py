@@ -36,7 +36,7 @@ from tests.support.web_page import (
     use_quick_compaction,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 # Streamed over ~6 s: time to see tokens arrive, reload, and see more arrive.
 WORDS = "the quick brown fox jumps over the lazy dog while the page reloads midway through"
