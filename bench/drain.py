@@ -51,11 +51,11 @@ from bench.cluster import DEFAULT_URL
 from bench.turns import percentile
 from edge.streams import fact_json
 from kernel import KernelClient
-from services.cli.chaos_checks import Violation, check_session, duplicates
 from services.common.config import Settings
 from services.common.internal_auth import TOKEN_ENV
 from services.ledger import CommittedFact, LedgerClient
 from services.runner.client import RunnerClient
+from services.session_invariants import Violation, check_session, duplicates
 
 TENANT = "default"
 START_DEADLINE_S = 120.0

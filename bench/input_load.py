@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from services.cli.chaos import EdgeApi
-from services.cli.chaos_checks import Violation, check_session
+from services.session_invariants import Violation, check_session
 
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
 # A retry waits this long first: about what a 503's Retry-After asks.

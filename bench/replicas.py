@@ -36,7 +36,7 @@ from psycopg import sql
 
 from bench.cluster import DEFAULT_URL
 from bench.input_load import InputLoad, settled_violations
-from services.cli.chaos_checks import duplicates
+from services.session_invariants import duplicates
 
 BENCH_KEY = "bench-replicas-key-0123456789abcdef"
 VICTIM = "ledger-1"

@@ -38,7 +38,7 @@ from bench.input_load import REQUEST_TIMEOUT_S, RETRYABLE_STATUSES
 from bench.replicas import SupervisedKeel
 from bench.turns import percentile
 from services.cli.chaos import EdgeApi
-from services.cli.chaos_checks import check_session, duplicates
+from services.session_invariants import check_session, duplicates
 
 BENCH_KEY = "keel-bench-soak-key-0123456789abcdef"
 START_DEADLINE_S = 120.0

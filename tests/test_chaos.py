@@ -14,7 +14,8 @@ import pytest
 from rich.console import Console
 
 from services.cli.chaos import keel_runner_pid
-from services.cli.chaos_checks import (
+from services.cli.chaos_report import ChaosReport, RoundResult, render
+from services.session_invariants import (
     DUPLICATE_ANSWER,
     DUPLICATE_TOOL_RESULT,
     EPOCH_NOT_NEWER,
@@ -28,7 +29,6 @@ from services.cli.chaos_checks import (
     check_session,
     duplicates,
 )
-from services.cli.chaos_report import ChaosReport, RoundResult, render
 from tests.support.chaos import (
     answer,
     fact,

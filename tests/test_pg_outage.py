@@ -42,11 +42,11 @@ import pytest
 from keel_client import AsyncKeelClient
 from keel_client import Unavailable as ClientUnavailable
 from kernel.database import Database
-from services.cli.chaos_checks import check_session
 from services.common.config import Settings
 from services.common.errors import DatabaseUnavailable
 from services.ledger import facts as F
 from services.ledger.store import LedgerStore
+from services.session_invariants import check_session
 from tests.support.keel_up import RunningKeel, keel_up
 from tests.support.polling import eventually
 from tests.support.throwaway_pg import ThrowawayPostgres, throwaway_postgres

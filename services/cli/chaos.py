@@ -4,7 +4,7 @@ sessions run, then check from the ledger that nothing was lost or doubled.
 Everything goes through the edge's public HTTP API with an operator key:
 sessions are created and driven with inputs (`/slow` answers, `/tool
 counter` calls, plain text), the runtimes are found in `/v1/runtime/status`,
-and the facts are read back as pages for the checks (services/cli/chaos_checks.py).
+and the facts are read back as pages for the checks (services/session_invariants.py).
 Each round sends a wave of inputs, waits until a runner holds some of the
 sessions, strikes, sends a second wave while the fault is under way (clients
 do not stop), and waits for every input's answer.
@@ -51,9 +51,9 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from services.cli.chaos_checks import Violation, check_session
 from services.cli.chaos_report import ChaosReport, RoundResult, progress_line, render
 from services.cli.chaos_stale import StaleStrike, stale_inputs, stop_until_taken_over
+from services.session_invariants import Violation, check_session
 
 SCENARIOS = ("crash", "handoff", "stale")
 # What a run strikes with when no scenario is named.

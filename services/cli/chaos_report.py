@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from services.cli.chaos_checks import Violation, duplicates
+from services.session_invariants import Violation, duplicates
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""The invariants `keel chaos` checks, as pure functions of a session's facts.
+"""The invariants of a session's ledger, as pure functions of its facts:
+what `keel chaos` and the benchmarks that break things (`keel bench drain`,
+`soak`, `replicas`) check after the fact. Below both in the layer contract.
 
 Facts are the public API's JSON (`GET /v1/sessions/{id}/events?format=json`):
 `{seq, kind, epoch, data}`. Whatever crashed or was handed off, a session's
