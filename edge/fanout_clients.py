@@ -11,6 +11,7 @@ from typing import Protocol, runtime_checkable
 
 from edge.frames import Frame
 from services.ledger import CommittedFact
+from services.ledger.facts import ASSISTANT, EPOCH_STARTED
 from services.runner.hub import Partial, StatusChange
 
 # Items a client may be behind before the next one is dropped for it (a
@@ -146,10 +147,10 @@ class Shown:
         return 0 < item.epoch < self._epoch
 
     def note(self, fact: CommittedFact) -> None:
-        if fact.kind == "epoch_started":
+        if fact.kind == EPOCH_STARTED:
             self._epoch = max(self._epoch, attempt_epoch(fact))
             return
-        if fact.kind != "assistant":
+        if fact.kind != ASSISTANT:
             return
         generation_id = fact.data.get("generationId")
         if isinstance(generation_id, str) and generation_id not in self._ids:
@@ -159,5 +160,5 @@ class Shown:
 
     def note_all(self, facts: list[CommittedFact]) -> None:
         for fact in facts:
-            if fact.kind in ("assistant", "epoch_started"):
+            if fact.kind in (ASSISTANT, EPOCH_STARTED):
                 self.note(fact)

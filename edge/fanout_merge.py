@@ -45,6 +45,7 @@ from typing import TypeAlias
 
 from edge.fanout_clients import attempt_epoch
 from services.ledger import CommittedFact
+from services.ledger.facts import EPOCH_STARTED
 from services.runner.hub import Committed, Partial, ReplayEnd, StatusChange, WatchEvent
 
 log = logging.getLogger("keel.edge.fanout")
@@ -177,7 +178,7 @@ class SessionMerge:
                 return
             facts.popleft()
             self._emit(fact)
-            if fact.kind == "epoch_started":
+            if fact.kind == EPOCH_STARTED:
                 attempt = Attempt.of(fact)
                 # Not when the watch of the owner already follows it (or a
                 # newer one): a second watch would replay its deltas again.

@@ -26,6 +26,7 @@ from services.blobs import is_blob_id
 from services.common import tracing
 from services.common.errors import KeelError
 from services.common.outage_log import OutageLog
+from services.ledger.facts import INPUT
 from services.ledger.packed_facts import pack_input
 
 log = logging.getLogger("keel.edge.inputs")
@@ -127,7 +128,7 @@ async def retry(
     seq = body.seq
     request_id, retry_safe = _request_id(body.request_id, idempotency_key)
     facts, _ = await gateway.ledger.read(session_id, seq - 1, 1)
-    if not facts or facts[0].seq != seq or facts[0].kind != "input":
+    if not facts or facts[0].seq != seq or facts[0].kind != INPUT:
         raise BadRequest(f"seq {seq} is not an input of this session", field="seq")
     original = facts[0].data
     data: dict[str, Any] = {"text": original["text"], "requestId": request_id, "retryOf": seq}
@@ -148,7 +149,7 @@ async def _append_input(
     if traceparent is not None:
         # The turn's trace goes on in whichever runner answers this input.
         data[tracing.TRACEPARENT] = traceparent
-    appended = await gateway.ledger.append_one(session_id, "input", data)
+    appended = await gateway.ledger.append_one(session_id, INPUT, data)
     request_id = data["requestId"]
     # The input as committed, for a runner that keeps the session (it then
     # reads nothing before its turn); a duplicate's committed data may be

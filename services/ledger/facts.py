@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
 
@@ -34,6 +34,21 @@ COMPACTION_FAILED: Final = "compaction_failed"
 # A tool call that waits for a person's decision, and that decision.
 APPROVAL_REQUESTED: Final = "approval_requested"
 APPROVAL: Final = "approval"
+# Every kind above: the type of a kind a writer names.
+FactKind: TypeAlias = Literal[
+    "session_created",
+    "input",
+    "epoch_started",
+    "assistant",
+    "tool_result",
+    "compaction",
+    "attempt_failed",
+    "cancelled",
+    "session_parked",
+    "compaction_failed",
+    "approval_requested",
+    "approval",
+]
 
 # Clients (through the edge) write these without an epoch, at any time.
 CLIENT_KINDS: Final = frozenset({INPUT, CANCELLED, APPROVAL})

@@ -52,7 +52,15 @@ from services.common.config import DEFAULT_MAX_FACT_BYTES
 from services.common.errors import ServiceUnavailable
 from services.common.outage_log import OutageLog
 from services.ledger import LedgerClient, StaleEpoch
-from services.ledger.facts import EPOCH_STARTED, INPUT, CommittedFact
+from services.ledger.facts import (
+    APPROVAL_REQUESTED,
+    ASSISTANT,
+    EPOCH_STARTED,
+    INPUT,
+    TOOL_RESULT,
+    CommittedFact,
+    FactKind,
+)
 from services.runner import metrics as runner_metrics
 from services.runner import transcript as T
 from services.runner.fact_fit import fit_fact
@@ -202,7 +210,7 @@ class Attempt:
         if wanted:
             await blobs.prefetch(self.lease.tenant_id, wanted)
 
-    async def commit(self, kind: str, data: Mapping[str, Any]) -> int:
+    async def commit(self, kind: FactKind, data: Mapping[str, Any]) -> int:
         # An answer or result the ledger would refuse would fail every retry.
         data = fit_fact(data, self.services.max_fact_bytes)
         try:
@@ -265,7 +273,7 @@ class Attempt:
             return True
         with tracing.span("keel.epoch_started", self.trace_attributes):
             await self.commit(
-                "epoch_started",
+                EPOCH_STARTED,
                 {
                     "epoch": self.epoch,
                     "runtimeId": self.services.runtime_id,
@@ -363,11 +371,11 @@ class Attempt:
         # here sends this append first when it is resumed.
         faults.hit("before_final_answer" if final else "before_assistant_commit")
         with self.answering(owed.input_seqs if final else ()):
-            await self.commit("assistant", data)
+            await self.commit(ASSISTANT, data)
         if final:
             runner_metrics.turn_answered()
         if final and faults.injected("duplicate_reply"):
-            await self.commit("assistant", {**data, "generationId": f"{generation}-again"})
+            await self.commit(ASSISTANT, {**data, "generationId": f"{generation}-again"})
         # The final answer's boundary is in the runtime, between it and Finish.
         self.boundary("after_final_answer" if final else "after_assistant_commit")
 
@@ -426,7 +434,7 @@ class Attempt:
             asks = refusal is None and call.decision is None
             if asks and self.tools.requires_approval(call.name):
                 await self.commit(
-                    "approval_requested",
+                    APPROVAL_REQUESTED,
                     {
                         "toolCallId": call.tool_call_id,
                         "name": call.name,
@@ -470,7 +478,7 @@ class Attempt:
             if outcome.blobs:
                 # Images and resources the tool returned, stored as the tenant's blobs.
                 result["blobs"] = list(outcome.blobs)
-            await self.commit("tool_result", result)
+            await self.commit(TOOL_RESULT, result)
             self.boundary("after_tool_results" if last else "after_some_tool_results")
 
     async def settle_cancelled(self, owed: T.Owed) -> None:
@@ -478,7 +486,7 @@ class Attempt:
         what the cancel covers."""
         for call in (*owed.open_calls, *owed.waiting_calls):
             await self.commit(
-                "tool_result",
+                TOOL_RESULT,
                 {"toolCallId": call.tool_call_id, "content": "cancelled", "isError": True},
             )
         # Calls closed, the cancelled inputs not yet consumed: a successor
@@ -486,7 +494,7 @@ class Attempt:
         faults.hit("mid_cancel")
         with self.answering(owed.cancelled_input_seqs):
             await self.commit(
-                "assistant",
+                ASSISTANT,
                 {
                     "generationId": T.cancel_generation_id(
                         owed.latest_cancel_seq, owed.cancelled_input_seqs

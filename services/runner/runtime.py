@@ -46,6 +46,7 @@ from services.common import faults, tracing
 from services.common.config import Settings
 from services.common.errors import ServiceUnavailable
 from services.ledger import LedgerClient
+from services.ledger.facts import ATTEMPT_FAILED, CANCELLED, SESSION_PARKED
 from services.ledger.packed_facts import facts_from_packed
 from services.runner import metrics as runner_metrics
 from services.runner.attempt import (
@@ -458,7 +459,7 @@ class Runtime:
             data["retryAfterMs"] = retry_after_ms
         try:
             with contextlib.suppress(Fenced):
-                await attempt.commit("attempt_failed", data)
+                await attempt.commit(ATTEMPT_FAILED, data)
         except ServiceUnavailable as away:
             # The failure cannot be recorded now: hand the session back
             # uncounted, as an outage (services.runner.outage) does.
@@ -482,7 +483,7 @@ class Runtime:
                 f"gave up after {lease.failures + 1} failed attempts: {error}"
             )
             with contextlib.suppress(Fenced):
-                await attempt.commit("session_parked", {"reason": reason})
+                await attempt.commit(SESSION_PARKED, {"reason": reason})
 
 
 @contextlib.contextmanager
@@ -529,7 +530,7 @@ async def drive(attempt: Attempt) -> None:
     # wake-up that finds nothing to do), under the lease renewal.
     await attempt.tools.prepare()
     while True:
-        seen_cancel = max((f.seq for f in attempt.facts if f.kind == "cancelled"), default=0)
+        seen_cancel = max((f.seq for f in attempt.facts if f.kind == CANCELLED), default=0)
         work = asyncio.create_task(attempt.run_turns(), name=f"turns-{attempt.session_id}")
         watch = asyncio.create_task(_cancel_arrives(attempt, seen_cancel))
         try:
@@ -563,7 +564,7 @@ async def _cancel_arrives(attempt: Attempt, seen_cancel: int) -> None:
     # up to this much later.
     await asyncio.sleep(CANCEL_WATCH_DELAY_S)
     async for fact in attempt.services.ledger.subscribe(attempt.session_id, after):
-        if fact.kind == "cancelled" and fact.seq > seen_cancel:
+        if fact.kind == CANCELLED and fact.seq > seen_cancel:
             return
 
 
