@@ -47,30 +47,33 @@ from dataclasses import dataclass, field, fields
 
 from edge.auth import Caller
 from edge.errors import PayloadTooLarge, TooManyFailedKeys, TooManyStreams
+from services.common import settings_registry as registry
+from services.common.setting import Setting, int_default, read_int, read_list, read_number
 
 # Keys accepted from one address that stay usable while it is blocked.
 TRUSTED_KEYS_PER_ADDRESS = 8
 
-_ENV_NAMES = {
-    "failed_keys_burst": "KEEL_EDGE_FAILED_KEYS_BURST",
-    "failed_keys_window_s": "KEEL_EDGE_FAILED_KEYS_WINDOW_S",
-    "tracked_addresses": "KEEL_EDGE_TRACKED_ADDRESSES",
-    "streams_per_key": "KEEL_EDGE_STREAMS_PER_KEY",
-    "streams_per_tenant": "KEEL_EDGE_STREAMS_PER_TENANT",
-    "header_timeout_s": "KEEL_EDGE_HEADER_TIMEOUT_S",
-    "body_timeout_s": "KEEL_EDGE_BODY_TIMEOUT_S",
-    "body_min_bytes_per_s": "KEEL_EDGE_BODY_MIN_BYTES_PER_S",
-    "trusted_proxies": "KEEL_EDGE_TRUSTED_PROXIES",
-    "max_body_bytes": "KEEL_EDGE_MAX_BODY_BYTES",
-    "max_head_bytes": "KEEL_EDGE_MAX_HEAD_BYTES",
-    "max_headers": "KEEL_EDGE_MAX_HEADERS",
-    "keep_alive_s": "KEEL_EDGE_KEEP_ALIVE_S",
+# Each limit's variable (services.common.settings_registry).
+_SETTINGS: dict[str, Setting] = {
+    "failed_keys_burst": registry.KEEL_EDGE_FAILED_KEYS_BURST,
+    "failed_keys_window_s": registry.KEEL_EDGE_FAILED_KEYS_WINDOW_S,
+    "tracked_addresses": registry.KEEL_EDGE_TRACKED_ADDRESSES,
+    "streams_per_key": registry.KEEL_EDGE_STREAMS_PER_KEY,
+    "streams_per_tenant": registry.KEEL_EDGE_STREAMS_PER_TENANT,
+    "header_timeout_s": registry.KEEL_EDGE_HEADER_TIMEOUT_S,
+    "body_timeout_s": registry.KEEL_EDGE_BODY_TIMEOUT_S,
+    "body_min_bytes_per_s": registry.KEEL_EDGE_BODY_MIN_BYTES_PER_S,
+    "trusted_proxies": registry.KEEL_EDGE_TRUSTED_PROXIES,
+    "max_body_bytes": registry.KEEL_EDGE_MAX_BODY_BYTES,
+    "max_head_bytes": registry.KEEL_EDGE_MAX_HEAD_BYTES,
+    "max_headers": registry.KEEL_EDGE_MAX_HEADERS,
+    "keep_alive_s": registry.KEEL_EDGE_KEEP_ALIVE_S,
 }
 # Room for the longest input text (edge/inputs.py) as JSON, escapes and all.
-DEFAULT_MAX_BODY_BYTES = 1 << 20
+DEFAULT_MAX_BODY_BYTES = int_default(registry.KEEL_EDGE_MAX_BODY_BYTES)
 # Room for a browser's cookies or a long bearer token many times over; far
 # below what a client could make the edge buffer without a limit.
-DEFAULT_MAX_HEAD_BYTES = 32 << 10
+DEFAULT_MAX_HEAD_BYTES = int_default(registry.KEEL_EDGE_MAX_HEAD_BYTES)
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ class ClientLimits:
         for item in fields(self):
             value = getattr(self, item.name)
             if isinstance(value, int | float) and not value > 0:
-                raise ValueError(f"{_ENV_NAMES[item.name]} ({item.name}) must be > 0")
+                raise ValueError(f"{_SETTINGS[item.name].name} ({item.name}) must be > 0")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ClientLimits:
@@ -114,18 +117,13 @@ class ClientLimits:
         env = os.environ if env is None else env
         given: dict[str, object] = {}
         for item in fields(cls):
-            raw = env.get(_ENV_NAMES[item.name], "").strip()
-            if not raw:
-                continue
-            if item.name == "trusted_proxies":
-                given[item.name] = tuple(p.strip() for p in raw.split(",") if p.strip())
-                continue
-            kind = float if item.name.endswith("_s") else int
-            try:
-                given[item.name] = kind(raw)
-            except ValueError:
-                name = _ENV_NAMES[item.name]
-                raise ValueError(f"{name} must be a number, got {raw!r}") from None
+            setting = _SETTINGS[item.name]
+            if setting.kind == "list":
+                given[item.name] = read_list(env, setting)
+            elif setting.kind == "number":
+                given[item.name] = read_number(env, setting)
+            else:
+                given[item.name] = read_int(env, setting)
         return cls(**given)  # type: ignore[arg-type]
 
 

@@ -10,19 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kernel.domain import RetryPolicy
-
-
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
-    raw = env.get(name, "")
-    if raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+from services.common import settings_registry as registry
+from services.common.setting import read_int, read_millis
 
 
 @dataclass(frozen=True)
@@ -101,17 +90,17 @@ class KernelConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> KernelConfig:
         env = os.environ if env is None else env
         return cls(
-            max_attempts=_int(env, "KEEL_MAX_ATTEMPTS", 5, 1),
-            backoff_base_ms=_int(env, "KEEL_BACKOFF_BASE_MS", 1_000, 0),
-            backoff_cap_ms=_int(env, "KEEL_BACKOFF_CAP_MS", 60_000, 0),
-            max_rate_limited=_int(env, "KEEL_MAX_RATE_LIMITED", 20, 1),
-            retry_after_cap_ms=_int(env, "KEEL_RETRY_AFTER_CAP_MS", 900_000, 0),
-            reconcile_ms=_int(env, "KEEL_RECONCILE_MS", 5_000, 10),
-            reconcile_grace_ms=_int(env, "KEEL_RECONCILE_GRACE_MS", 10_000, 0),
-            recheck_ms=_int(env, "KEEL_CLAIM_RECHECK_MS", 500, 10),
-            sweep_ms=_int(env, "KEEL_SWEEP_MS", 0, 0),
-            attach_heartbeat_ms=_int(env, "KEEL_ATTACH_HEARTBEAT_MS", 2_000, 100),
-            runtime_retention_ms=_int(env, "KEEL_RUNTIME_RETENTION_MS", 3_600_000, 1_000),
-            runtime_heartbeat_ms=_int(env, "KEEL_RUNTIME_HEARTBEAT_MS", 1_000, 10),
-            runtime_dead_after_ms=_int(env, "KEEL_RUNTIME_DEAD_AFTER_MS", 3_000, 20),
+            max_attempts=read_int(env, registry.KEEL_MAX_ATTEMPTS),
+            backoff_base_ms=read_millis(env, registry.KEEL_BACKOFF_BASE_MS),
+            backoff_cap_ms=read_millis(env, registry.KEEL_BACKOFF_CAP_MS),
+            max_rate_limited=read_int(env, registry.KEEL_MAX_RATE_LIMITED),
+            retry_after_cap_ms=read_millis(env, registry.KEEL_RETRY_AFTER_CAP_MS),
+            reconcile_ms=read_millis(env, registry.KEEL_RECONCILE_MS),
+            reconcile_grace_ms=read_millis(env, registry.KEEL_RECONCILE_GRACE_MS),
+            recheck_ms=read_millis(env, registry.KEEL_CLAIM_RECHECK_MS),
+            sweep_ms=read_millis(env, registry.KEEL_SWEEP_MS),
+            attach_heartbeat_ms=read_millis(env, registry.KEEL_ATTACH_HEARTBEAT_MS),
+            runtime_retention_ms=read_millis(env, registry.KEEL_RUNTIME_RETENTION_MS),
+            runtime_heartbeat_ms=read_millis(env, registry.KEEL_RUNTIME_HEARTBEAT_MS),
+            runtime_dead_after_ms=read_millis(env, registry.KEEL_RUNTIME_DEAD_AFTER_MS),
         )

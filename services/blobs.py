@@ -41,12 +41,14 @@ import grpc
 import psycopg
 from psycopg import sql
 
+from services.common import settings_registry as registry
 from services.common.config import Settings
 from services.common.errors import KeelError
+from services.common.setting import int_default, read_int
 
 MAX_BLOB_BYTES = 64 << 20
-DEFAULT_QUOTA_BLOBS = 10_000
-DEFAULT_QUOTA_BYTES = 1 << 30
+DEFAULT_QUOTA_BLOBS = int_default(registry.KEEL_BLOB_QUOTA_COUNT)
+DEFAULT_QUOTA_BYTES = int_default(registry.KEEL_BLOB_QUOTA_BYTES)
 _BLOB_ID = re.compile(r"blob-[0-9a-f]{24}")
 # Serializes the table's creation across processes sharing one schema.
 _CREATE_LOCK_KEY = 4242
@@ -125,15 +127,6 @@ def check_blob_id(blob_id: object) -> str:
     return blob_id
 
 
-def _quota_setting(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
-    return int(raw)
-
-
 @dataclass(frozen=True)
 class BlobQuota:
     """How much one tenant may store: blobs, and bytes as declared."""
@@ -147,8 +140,8 @@ class BlobQuota:
         10,000 blobs, 1 GiB)."""
         env = os.environ if env is None else env
         return cls(
-            _quota_setting(env, "KEEL_BLOB_QUOTA_COUNT", DEFAULT_QUOTA_BLOBS),
-            _quota_setting(env, "KEEL_BLOB_QUOTA_BYTES", DEFAULT_QUOTA_BYTES),
+            read_int(env, registry.KEEL_BLOB_QUOTA_COUNT),
+            read_int(env, registry.KEEL_BLOB_QUOTA_BYTES),
         )
 
     def admit(self, held_blobs: int, held_bytes: int, length: int) -> None:

@@ -56,6 +56,8 @@ from agent_io.providers.scripted_batch import (
 from agent_io.providers.scripted_summary import cut, scripted_summary
 from compaction.policy import estimate_text_tokens, message_from_dict
 from compaction.policy.tokens import utf16_length
+from services.common import settings_registry as registry
+from services.common.setting import read_text
 
 __all__ = [
     "DEFAULT_CONTEXT_WINDOW",
@@ -75,7 +77,7 @@ DEFAULT_MODEL_NAME = "scripted"
 # When set, every request is appended to this file as one JSON line
 # {system, messages, purpose, generationId}: tests compare what the model was
 # really shown with what the ledger says a request presents.
-RECORD_ENV = "KEEL_RECORD_REQUESTS"
+RECORD_ENV = registry.KEEL_RECORD_REQUESTS.name
 
 # Word-ish tokens: each word with the whitespace after it (and a leading run of
 # whitespace on its own), so the deltas concatenate back to the exact text.
@@ -106,7 +108,7 @@ def estimate_request_tokens(request: ModelRequest) -> int:
 def record_request(request: ModelRequest) -> None:
     """Appends `request` to $KEEL_RECORD_REQUESTS, if set (one write per line,
     so lines of concurrent requests never interleave)."""
-    path = os.environ.get(RECORD_ENV)
+    path = read_text(os.environ, registry.KEEL_RECORD_REQUESTS)
     if not path:
         return
     line = json.dumps(

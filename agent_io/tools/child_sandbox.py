@@ -52,6 +52,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.common import settings_registry as registry
+from services.common.setting import int_default, read_int, read_text
+
 __all__ = [
     "ChildLaunch",
     "SandboxPolicy",
@@ -61,10 +64,10 @@ __all__ = [
     "mark_undumpable",
 ]
 
-SANDBOX_VARIABLE = "KEEL_TOOL_SANDBOX"
-UID_VARIABLE = "KEEL_TOOL_UID"
-GID_VARIABLE = "KEEL_TOOL_GID"
-NOBODY = 65534
+SANDBOX_VARIABLE = registry.KEEL_TOOL_SANDBOX.name
+UID_VARIABLE = registry.KEEL_TOOL_UID.name
+GID_VARIABLE = registry.KEEL_TOOL_GID.name
+NOBODY = int_default(registry.KEEL_TOOL_UID)
 LAUNCHER = Path(__file__).with_name("child_launch.py")
 _PR_SET_DUMPABLE = 4
 _log = logging.getLogger("keel.tools")
@@ -101,13 +104,13 @@ class SandboxPolicy:
     ) -> SandboxPolicy:
         """The policy of this process: KEEL_TOOL_SANDBOX (auto|off),
         KEEL_TOOL_UID/KEEL_TOOL_GID, and what the process may do."""
-        mode = env.get(SANDBOX_VARIABLE, "auto").strip().lower() or "auto"
+        mode = read_text(env, registry.KEEL_TOOL_SANDBOX).strip().lower() or "auto"
         if mode == "off":
             return cls(enabled=False)
         if mode != "auto":
             raise ValueError(f"{SANDBOX_VARIABLE} must be auto or off, got {mode!r}")
-        uid = _id(env, UID_VARIABLE, NOBODY)
-        gid = _id(env, GID_VARIABLE, NOBODY)
+        uid = read_int(env, registry.KEEL_TOOL_UID)
+        gid = read_int(env, registry.KEEL_TOOL_GID)
         capabilities = _effective_capabilities()
         switch = bool(capabilities >> _CAP_SETUID & 1 and capabilities >> _CAP_SETGID & 1)
         if switch and uid == 0:
@@ -125,15 +128,6 @@ class SandboxPolicy:
             may_mount=may_mount,
             masks=paths,
         )
-
-
-def _id(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit() or not 0 <= int(raw) < 2**32 - 1:
-        raise ValueError(f"{name} must be a numeric id, got {raw!r}")
-    return int(raw)
 
 
 def _effective_capabilities() -> int:

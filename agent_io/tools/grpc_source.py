@@ -32,6 +32,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from agent_io.tools.base import ToolCall, ToolOutcome, ToolSpec
 from keel.tools.v1 import tools_pb2 as pb
 from keel.tools.v1 import tools_pb2_grpc as pb_grpc
+from services.common import settings_registry as registry
+from services.common.setting import read_text
 
 __all__ = [
     "TLS_CA_ENV",
@@ -45,7 +47,7 @@ __all__ = [
 log = logging.getLogger("keel.tools.grpc")
 
 TOKEN_METADATA = "x-keel-tool-token"
-TLS_CA_ENV = "KEEL_TOOL_TLS_CA"
+TLS_CA_ENV = registry.KEEL_TOOL_TLS_CA.name
 TLS_SCHEME = "grpcs://"
 PLAIN_SCHEME = "grpc://"
 DEFAULT_LIST_TIMEOUT_S = 10.0
@@ -75,7 +77,9 @@ class GrpcSourceConfig:
     token: str = ""
     # PEM file of the CA a TLS target's certificate must chain to ("" = the
     # system roots); KEEL_TOOL_TLS_CA by default.
-    tls_ca_file: str = field(default_factory=lambda: os.environ.get(TLS_CA_ENV, ""))
+    tls_ca_file: str = field(
+        default_factory=lambda: read_text(os.environ, registry.KEEL_TOOL_TLS_CA)
+    )
     list_timeout_s: float = DEFAULT_LIST_TIMEOUT_S
 
     @property

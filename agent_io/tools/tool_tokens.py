@@ -25,14 +25,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from services.common import settings_registry as registry
 from services.common.internal_auth import secret_weakness
 from services.common.secrets import ANY_TARGET, grpc_target
+from services.common.setting import read_text
 
 __all__ = ["FALLBACK_VARIABLE", "TOKENS_VARIABLE", "ToolTokenError", "ToolTokens"]
 
-FALLBACK_VARIABLE = "KEEL_TOOL_TOKEN"
-TOKENS_VARIABLE = "KEEL_TOOL_TOKENS"
-TOKEN_VARIABLE_PREFIX = "KEEL_TOOL_TOKEN_"
+FALLBACK_VARIABLE = registry.KEEL_TOOL_TOKEN.name
+TOKENS_VARIABLE = registry.KEEL_TOOL_TOKENS.name
+TOKEN_VARIABLE_PREFIX = registry.KEEL_TOOL_TOKEN_.name
 _TOKEN_VARIABLE = re.compile(r"KEEL_TOOL_TOKEN_[A-Z0-9_]{1,100}")
 # A tenant id as the kernel accepts it (kernel.domain.check_id).
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
@@ -110,12 +112,12 @@ class ToolTokens:
     def from_env(cls, env: Mapping[str, str]) -> ToolTokens:
         """Raises ToolTokenError for a malformed entry, a variable that is
         not set, or a token too weak to guard a service."""
-        fallback = env.get(FALLBACK_VARIABLE, "")
+        fallback = read_text(env, registry.KEEL_TOOL_TOKEN)
         if fallback:
             weakness = secret_weakness(FALLBACK_VARIABLE, fallback)
             if weakness is not None:
                 raise ToolTokenError(weakness)
-        return cls(fallback, parse_tool_tokens(env.get(TOKENS_VARIABLE, ""), env))
+        return cls(fallback, parse_tool_tokens(read_text(env, registry.KEEL_TOOL_TOKENS), env))
 
     def for_target(self, tenant_id: str, target: str) -> str:
         """The token to send to `target` for `tenant_id` ("" = none)."""

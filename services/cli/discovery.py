@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from services.common import settings_registry as registry
+from services.common.setting import read_text
+
 DISCOVERY_FILE = "keel-up.json"
 DEFAULT_URL = "http://127.0.0.1:8080"
 NO_KEY = "keel: no API key: pass --key or set KEEL_API_KEY"
@@ -28,7 +31,7 @@ USAGE_EXIT = 2
 
 
 def default_data_dir() -> Path:
-    return Path(os.environ.get("KEEL_DATA_DIR") or ".keel")
+    return Path(read_text(os.environ, registry.KEEL_DATA_DIR))
 
 
 def discovery_path(data_dir: Path | None = None) -> Path:
@@ -75,7 +78,12 @@ def _discovered(data_dir: Path | None, name: str) -> str:
 
 def resolve_url(url: str | None = None, data_dir: Path | None = None) -> str:
     """The edge's HTTP base URL, without a trailing slash."""
-    found = url or os.environ.get("KEEL_URL") or _discovered(data_dir, "url") or DEFAULT_URL
+    found = (
+        url
+        or read_text(os.environ, registry.KEEL_URL)
+        or _discovered(data_dir, "url")
+        or DEFAULT_URL
+    )
     return found.rstrip("/")
 
 
@@ -87,7 +95,7 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 def require_key(key: str | None = None) -> str:
     """--key, else KEEL_API_KEY; without either the command cannot run."""
-    found = key or os.environ.get("KEEL_API_KEY", "")
+    found = key or read_text(os.environ, registry.KEEL_API_KEY)
     if not found:
         fail(NO_KEY, USAGE_EXIT)
     return found

@@ -24,14 +24,17 @@ from typing import Annotated, Any
 import typer
 
 from services.cli.admin import Edge, keys_app, loadout_app, tenants_app
+from services.cli.config_command import show_config
 from services.cli.data_dir import PRIVATE_UMASK
 from services.cli.discovery import USAGE_EXIT, discovery_path, fail, require_key, resolve_url
 from services.cli.up_ports import NamedPort, PortUnavailable, check_ports, first_unavailable
 from services.common import event_loop, telemetry
+from services.common import settings_registry as registry
 from services.common.config import Settings
 from services.common.heap import settle_heap
-from services.common.metrics_endpoint import METRICS_HOST_ENV, MetricsEndpoint
+from services.common.metrics_endpoint import MetricsEndpoint
 from services.common.runtime_records import split_host_port
+from services.common.setting import read_int, read_text
 
 app = typer.Typer(
     name="keel",
@@ -44,6 +47,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(loadout_app, name="loadout")
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(keys_app, name="keys")
+app.command("config")(show_config)
 
 DatabaseUrl = Annotated[
     str | None,
@@ -119,7 +123,7 @@ _METRICS_MODULES["up"] = tuple(m for ms in _METRICS_MODULES.values() for m in ms
 def _metrics_endpoint(port: int | None, always_recorded: bool) -> MetricsEndpoint | None:
     if port is None and not always_recorded:
         return None
-    host = os.environ.get(METRICS_HOST_ENV, "") or "127.0.0.1"
+    host = read_text(os.environ, registry.KEEL_METRICS_HOST)
     return MetricsEndpoint(host, port)
 
 
@@ -258,7 +262,7 @@ def compaction(
 
     settings = _service_settings("compaction", database_url)
     # The window assumed for a loadout that names none, as the runners do.
-    window = int(os.environ.get("KEEL_CONTEXT_WINDOW", "128000"))
+    window = read_int(os.environ, registry.KEEL_CONTEXT_WINDOW)
     _serve(
         "compaction",
         settings,
@@ -383,7 +387,7 @@ def up(
     from services.common.internal_auth import InternalAuthError, require_internal_auth
 
     # The dev key is an operator key: refused before anything starts if weak.
-    dev_key = os.environ.get("KEEL_DEV_KEY", "")
+    dev_key = read_text(os.environ, registry.KEEL_DEV_KEY)
     weakness = key_weakness(dev_key) if dev_key else None
     if weakness is not None:
         fail(f"keel: KEEL_DEV_KEY: {weakness}", USAGE_EXIT)

@@ -27,7 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.metrics_endpoint import METRICS_HOST_ENV
+from services.common import settings_registry as registry
+from services.common.setting import read_text
 
 INTERNAL_HOST = "127.0.0.1"
 HIGHEST_PORT = 65535
@@ -89,7 +90,7 @@ def internal_ports(base: int | None, names: Sequence[str]) -> dict[str, int]:
 
 
 def metrics_host() -> str:
-    return os.environ.get(METRICS_HOST_ENV, "") or INTERNAL_HOST
+    return read_text(os.environ, registry.KEEL_METRICS_HOST)
 
 
 def planned_ports(

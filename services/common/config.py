@@ -11,23 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from services.common import settings_registry as registry
 from services.common.secrets import SecretPolicy
+from services.common.setting import int_default, read_int, read_text
 
-DEFAULT_LEASE_MS = 30_000
-DEFAULT_MAX_FACT_BYTES = 1 << 20
+DEFAULT_LEASE_MS = int_default(registry.KEEL_LEASE_MS)
+DEFAULT_MAX_FACT_BYTES = int_default(registry.KEEL_MAX_FACT_BYTES)
 # The largest gRPC message a Keel server or channel takes: room for a batch
 # of facts at their limit (the ledger refuses a larger fact by name first).
-DEFAULT_GRPC_MAX_MESSAGE_BYTES = 16 << 20
-
-
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+DEFAULT_GRPC_MAX_MESSAGE_BYTES = int_default(registry.KEEL_GRPC_MAX_MESSAGE_BYTES)
 
 
 def _otlp_endpoint(env: Mapping[str, str], signal: str) -> str:
@@ -99,22 +91,20 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         return cls(
-            database_url=env.get("KEEL_DATABASE_URL", ""),
-            data_dir=Path(env.get("KEEL_DATA_DIR", ".keel")),
-            lease_ms=_int(env, "KEEL_LEASE_MS", DEFAULT_LEASE_MS),
-            max_fact_bytes=_int(env, "KEEL_MAX_FACT_BYTES", DEFAULT_MAX_FACT_BYTES),
-            grpc_max_message_bytes=_int(
-                env, "KEEL_GRPC_MAX_MESSAGE_BYTES", DEFAULT_GRPC_MAX_MESSAGE_BYTES
-            ),
-            internal_token=env.get("KEEL_INTERNAL_TOKEN", ""),
-            grpc_tls_cert=env.get("KEEL_GRPC_TLS_CERT", ""),
-            grpc_tls_key=env.get("KEEL_GRPC_TLS_KEY", ""),
-            grpc_tls_ca=env.get("KEEL_GRPC_TLS_CA", ""),
-            grpc_tls_server_name=env.get("KEEL_GRPC_TLS_SERVER_NAME", ""),
+            database_url=read_text(env, registry.KEEL_DATABASE_URL),
+            data_dir=Path(read_text(env, registry.KEEL_DATA_DIR)),
+            lease_ms=read_int(env, registry.KEEL_LEASE_MS),
+            max_fact_bytes=read_int(env, registry.KEEL_MAX_FACT_BYTES),
+            grpc_max_message_bytes=read_int(env, registry.KEEL_GRPC_MAX_MESSAGE_BYTES),
+            internal_token=read_text(env, registry.KEEL_INTERNAL_TOKEN),
+            grpc_tls_cert=read_text(env, registry.KEEL_GRPC_TLS_CERT),
+            grpc_tls_key=read_text(env, registry.KEEL_GRPC_TLS_KEY),
+            grpc_tls_ca=read_text(env, registry.KEEL_GRPC_TLS_CA),
+            grpc_tls_server_name=read_text(env, registry.KEEL_GRPC_TLS_SERVER_NAME),
             secrets=SecretPolicy.from_env(env),
-            otel_exporter=env.get("KEEL_OTEL_EXPORTER", "none"),
+            otel_exporter=read_text(env, registry.KEEL_OTEL_EXPORTER),
             otlp_traces_endpoint=_otlp_endpoint(env, "TRACES"),
             otlp_metrics_endpoint=_otlp_endpoint(env, "METRICS"),
-            log_level=env.get("KEEL_LOG_LEVEL", "INFO"),
-            pg_schema=env.get("KEEL_PG_SCHEMA", "public"),
+            log_level=read_text(env, registry.KEEL_LOG_LEVEL),
+            pg_schema=read_text(env, registry.KEEL_PG_SCHEMA),
         )

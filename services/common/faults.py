@@ -34,6 +34,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from services.common import settings_registry as registry
+from services.common.setting import read_list, read_text
+
 # In the order an attempt meets them (a point inside a step, "mid_*", lets
 # a drain stop only at the boundary after it).
 POINTS = (
@@ -67,11 +70,11 @@ def on_drain(handler: Callable[[], None]) -> None:
 
 def injected(bug: str) -> bool:
     """Whether `KEEL_FAULT_INJECT` plants `bug` (tests of the checkers only)."""
-    return bug in os.environ.get("KEEL_FAULT_INJECT", "").split(",")
+    return bug in read_list(os.environ, registry.KEEL_FAULT_INJECT)
 
 
 def _target() -> tuple[str, int] | None:
-    raw = os.environ.get("KEEL_FAULT_POINT", "")
+    raw = read_text(os.environ, registry.KEEL_FAULT_POINT)
     if not raw:
         return None
     name, _, nth = raw.partition("@")
@@ -80,7 +83,7 @@ def _target() -> tuple[str, int] | None:
 
 def _taken_trigger(point: str) -> bool:
     """Whether this process just took the armed trigger file for `point`."""
-    path = os.environ.get("KEEL_FAULT_TRIGGER", "")
+    path = read_text(os.environ, registry.KEEL_FAULT_TRIGGER)
     if not path:
         return False
     try:
@@ -110,7 +113,7 @@ def hit(point: str) -> None:
 def _act(point: str) -> None:
     print(f"FAULT {point}", flush=True)
     sys.stdout.flush()
-    action = os.environ.get("KEEL_FAULT_ACTION", "freeze")
+    action = read_text(os.environ, registry.KEEL_FAULT_ACTION)
     if action == "drain":
         if _drain_handler is not None:
             _drain_handler()

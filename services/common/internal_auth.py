@@ -25,11 +25,12 @@ from typing import Any
 
 import grpc
 
+from services.common import settings_registry as registry
 from services.common.config import Settings
 from services.common.errors import rich_status
 
 TOKEN_HEADER = "x-keel-token"
-TOKEN_ENV = "KEEL_INTERNAL_TOKEN"
+TOKEN_ENV = registry.KEEL_INTERNAL_TOKEN.name
 # As strong as an API key must be (kernel.tenancy.key_weakness): the token
 # opens more than any key does.
 MIN_TOKEN_CHARS = 24
@@ -37,7 +38,10 @@ MIN_TOKEN_DISTINCT_CHARS = 10
 UNAUTHENTICATED_REASON = "INTERNAL_AUTH_REQUIRED"
 # Probes (kubelet, load balancers) hold no token; health tells nothing else.
 OPEN_PREFIXES = ("/grpc.health.",)
-TLS_ENV = ("KEEL_GRPC_TLS_CERT", "KEEL_GRPC_TLS_KEY", "KEEL_GRPC_TLS_CA")
+TLS_ENV = tuple(
+    s.name
+    for s in (registry.KEEL_GRPC_TLS_CERT, registry.KEEL_GRPC_TLS_KEY, registry.KEEL_GRPC_TLS_CA)
+)
 
 
 class InternalAuthError(ValueError):

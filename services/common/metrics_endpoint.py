@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from prometheus_client import CollectorRegistry, start_http_server
 
+from services.common import settings_registry as registry
 from services.common.metrics_at_start import StartingAtZero
 
 log = logging.getLogger("keel.metrics")
 
-METRICS_PORT_ENV = "KEEL_METRICS_PORT"
-METRICS_HOST_ENV = "KEEL_METRICS_HOST"
+METRICS_PORT_ENV = registry.KEEL_METRICS_PORT.name
+METRICS_HOST_ENV = registry.KEEL_METRICS_HOST.name
 
 
 _process_registry: CollectorRegistry | None = None

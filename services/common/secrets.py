@@ -45,6 +45,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
+from services.common import settings_registry as registry
+from services.common.setting import read_raw, read_text
+
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 RESERVED_PREFIX = "KEEL_"
 DEFAULT_PROVIDER_ORIGINS = ("https://api.openai.com", "https://api.anthropic.com")
@@ -53,10 +56,10 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
 _HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})")
 ANY_TARGET = "*"
-GRANTS_VARIABLE = "KEEL_SECRET_GRANTS"
-ORIGINS_VARIABLE = "KEEL_PROVIDER_ORIGINS"
-COMMANDS_VARIABLE = "KEEL_MCP_COMMANDS"
-TARGETS_VARIABLE = "KEEL_TOOL_TARGETS"
+GRANTS_VARIABLE = registry.KEEL_SECRET_GRANTS.name
+ORIGINS_VARIABLE = registry.KEEL_PROVIDER_ORIGINS.name
+COMMANDS_VARIABLE = registry.KEEL_MCP_COMMANDS.name
+TARGETS_VARIABLE = registry.KEEL_TOOL_TARGETS.name
 
 
 class SecretPolicyError(ValueError):
@@ -204,10 +207,11 @@ class SecretPolicy:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> SecretPolicy:
         return cls(
-            parse_grants(env.get("KEEL_SECRET_GRANTS", "")),
-            parse_origins(env.get("KEEL_PROVIDER_ORIGINS")),
-            parse_commands(env.get(COMMANDS_VARIABLE, "")),
-            parse_tool_targets(env.get(TARGETS_VARIABLE, "")),
+            parse_grants(read_text(env, registry.KEEL_SECRET_GRANTS)),
+            # Unset: the official APIs; set empty: none at all.
+            parse_origins(read_raw(env, registry.KEEL_PROVIDER_ORIGINS)),
+            parse_commands(read_text(env, registry.KEEL_MCP_COMMANDS)),
+            parse_tool_targets(read_text(env, registry.KEEL_TOOL_TARGETS)),
         )
 
     def may_read(self, tenant_id: str, name: str) -> bool:

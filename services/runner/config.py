@@ -14,7 +14,6 @@ settings (services.common.secrets: `KEEL_MCP_COMMANDS`, `KEEL_TOOL_TARGETS`).
 
 from __future__ import annotations
 
-import math
 import os
 import uuid
 from collections.abc import Mapping
@@ -23,16 +22,25 @@ from typing import Literal
 
 from agent_io.tools.base import DEFAULT_MAX_RESULT_BYTES, DEFAULT_TOOL_TIMEOUT_S
 from agent_io.tools.tool_tokens import ToolTokens
+from services.common import settings_registry as registry
+from services.common.setting import (
+    int_default,
+    read_choice,
+    read_int,
+    read_millis,
+    read_number,
+    read_text,
+)
 
 SigtermMode = Literal["shutdown", "handoff"]
-DEFAULT_DRAIN_DEADLINE_MS = 30_000
+DEFAULT_DRAIN_DEADLINE_MS = int_default(registry.KEEL_DRAIN_DEADLINE_MS)
 # How long a runner keeps a session after answering (KEEL_STICKY_MS; 0: not
 # at all): its next input within this window skips the claim, the new epoch
 # and its fence fact. Long enough for a person's next message in a running
 # conversation; short enough that an idle runner lets its sessions go soon.
 # An idle window holds no run slot, only a route entry at the kernel and the
 # session's facts the runner's cache keeps anyway.
-DEFAULT_STICKY_MS = 30_000
+DEFAULT_STICKY_MS = int_default(registry.KEEL_STICKY_MS)
 
 
 @dataclass(frozen=True)
@@ -75,60 +83,29 @@ class RunnerConfig:
         cls, ledger_target: str, kernel_target: str, env: Mapping[str, str] | None = None
     ) -> RunnerConfig:
         env = os.environ if env is None else env
-        mode = env.get("KEEL_SIGTERM_MODE", "shutdown")
-        if mode not in ("shutdown", "handoff"):
-            raise ValueError(f"KEEL_SIGTERM_MODE must be shutdown or handoff, got {mode!r}")
+        mode = read_choice(env, registry.KEEL_SIGTERM_MODE)
         deadline = drain_deadline_ms(env)
         return cls(
             ledger_target=ledger_target,
             kernel_target=kernel_target,
-            runtime_id=env.get("KEEL_RUNTIME_ID", ""),
-            concurrency=int(env.get("KEEL_RUNNER_CONCURRENCY", "8")),
-            claim_wait_ms=int(env.get("KEEL_CLAIM_WAIT_MS", "1000")),
-            tool_timeout_s=_positive_number(env, "KEEL_TOOL_TIMEOUT_S", DEFAULT_TOOL_TIMEOUT_S),
-            tool_max_result_bytes=int(
-                _positive_number(env, "KEEL_TOOL_MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES)
-            ),
+            runtime_id=read_text(env, registry.KEEL_RUNTIME_ID),
+            concurrency=read_int(env, registry.KEEL_RUNNER_CONCURRENCY),
+            claim_wait_ms=read_int(env, registry.KEEL_CLAIM_WAIT_MS),
+            tool_timeout_s=read_number(env, registry.KEEL_TOOL_TIMEOUT_S),
+            tool_max_result_bytes=int(read_number(env, registry.KEEL_TOOL_MAX_RESULT_BYTES)),
             tool_tokens=ToolTokens.from_env(env),
             sigterm_mode=mode,  # type: ignore[arg-type]
             handoff_deadline_ms=deadline,
-            default_context_window=int(env.get("KEEL_CONTEXT_WINDOW", "128000")),
-            compaction_target=env.get("KEEL_COMPACTION_ADDRESS", ""),
-            cached_facts=int(env.get("KEEL_RUNNER_CACHED_FACTS", "100000")),
-            sticky_ms=_non_negative_int(env, "KEEL_STICKY_MS", DEFAULT_STICKY_MS),
-            advertise_address=env.get("KEEL_ADVERTISE_ADDRESS", ""),
+            default_context_window=read_int(env, registry.KEEL_CONTEXT_WINDOW),
+            compaction_target=read_text(env, registry.KEEL_COMPACTION_ADDRESS),
+            cached_facts=read_int(env, registry.KEEL_RUNNER_CACHED_FACTS),
+            sticky_ms=read_millis(env, registry.KEEL_STICKY_MS),
+            advertise_address=read_text(env, registry.KEEL_ADVERTISE_ADDRESS),
         )
-
-
-def _non_negative_int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit():
-        raise ValueError(f"{name} must be a whole number of milliseconds (0: off), got {raw!r}")
-    return int(raw)
-
-
-def _positive_number(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "")
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive number, got {raw!r}")
-    return value
 
 
 def drain_deadline_ms(env: Mapping[str, str] | None = None) -> int:
     """KEEL_DRAIN_DEADLINE_MS: the handoff deadline of a runner's SIGTERM and
     the default of `keel drain`; 30 s when unset."""
     env = os.environ if env is None else env
-    raw = env.get("KEEL_DRAIN_DEADLINE_MS", "")
-    if not raw:
-        return DEFAULT_DRAIN_DEADLINE_MS
-    if not raw.isascii() or not raw.isdigit():
-        raise ValueError(f"KEEL_DRAIN_DEADLINE_MS must be a number of milliseconds, got {raw!r}")
-    return int(raw)
+    return read_millis(env, registry.KEEL_DRAIN_DEADLINE_MS)
