@@ -168,7 +168,15 @@ class Attachment:
 
 
 class KernelClient:
-    """Async client of `keel.kernel.v1.KernelService`."""
+    """Async client of `keel.kernel.v1.KernelService`.
+
+    Owns the channel (balanced over the kernel replicas a target lists), the
+    Attach streams it opened (re-attached to another replica when one dies)
+    and the lease stream its claims, renewals and finishes ride on.
+
+    Called by the runner's `Runtime`, the edge's `Gateway`, the compaction
+    server, `keel up` and the benchmarks.
+    """
 
     def __init__(self, target: str, settings: Settings | None = None) -> None:
         # `target` may list kernel replicas ("host:port,host:port"); an

@@ -98,6 +98,19 @@ def _on_done(context: Context, callback: Callable[[], None]) -> None:
 
 
 class KernelServicer(pb_grpc.KernelServiceServicer):
+    """`keel.kernel.v1.KernelService`: the kernel's whole gRPC surface.
+
+    Owns nothing durable itself: leases, the queue and admission are the
+    `LeaseStore`'s, runner instances and their drain modes the
+    `RegistryStore`'s, tenants, keys and loadouts the `TenantStore`'s. It
+    owns the process's live state around them: the open Attach streams
+    (`Attachments`), the waiting claims (`ClaimWaker`), the revocation feed
+    edges watch and the wake routes of sticky sessions.
+
+    Built by `kernel.server`; called over gRPC by `KernelClient` (runners,
+    edges, the compaction service, the CLI).
+    """
+
     def __init__(
         self,
         leases: LeaseStore,

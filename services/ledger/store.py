@@ -103,7 +103,16 @@ _STOP = object()
 
 
 class LedgerStore:
-    """Session streams: append through the group committer, read directly."""
+    """Session streams: append through the group committer, read directly.
+
+    Owns the eventsourcing application (the events table), the cache of
+    session aggregates, the writer thread that commits each batch of appends
+    in one transaction, and on PostgreSQL the `LiveTail` that hears other
+    ledger processes' commits.
+
+    Built by `services.ledger.server`; called by `LedgerServicer`, the
+    ledger's gRPC surface.
+    """
 
     def __init__(
         self,

@@ -81,6 +81,17 @@ CANCEL_WATCH_DELAY_S = 0.1
 
 
 class Runtime:
+    """One runner: claims sessions from the kernel and runs their attempts.
+
+    Owns its ledger and kernel clients, the `Intake` (claim and wake loops),
+    the `FactCache` of sessions it has read, the `PartialHub` watchers read
+    live deltas from, the tool catalog, the `Drainer` and its Attach stream
+    to the kernel; each claimed session runs as an attempt under `drive`.
+
+    Built and served by `services.runner.server.RunnerServer` (the
+    `RunnerServicer` answers watch, drain and status calls with it).
+    """
+
     def __init__(
         self,
         config: RunnerConfig,
