@@ -189,6 +189,7 @@ def assert_epochs(row: Row, facts: list[CommittedFact]) -> None:
         assert len(closed) == (1 if row.inputs[-1] == LONG_TOOL else 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", ROWS, ids=[r.case for r in ROWS])
 async def test_successor_finishes_after_sigkill(cluster: Cluster, row: Row) -> None:
     session = f"crash-{row.case.replace('_', '-')}"

@@ -178,6 +178,7 @@ async def decide_waiting_call(stack: HandoffStack, session: str) -> None:
 STICKY = {"sticky": "30000", "cold": "0"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sticky", list(STICKY))
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 async def test_a_handoff_at_this_point_is_seamless_for_the_client(
