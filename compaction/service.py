@@ -72,7 +72,6 @@ from services.common.secrets import SecretPolicy
 from services.ledger import LedgerClient
 from services.ledger import SessionNotFound as LedgerSessionNotFound
 from services.ledger import StaleEpoch as LedgerStaleEpoch
-from services.ledger.domain import SessionView
 from services.ledger.errors import InvalidId
 from services.ledger.facts import (
     ASSISTANT,
@@ -82,6 +81,7 @@ from services.ledger.facts import (
     CommittedFact,
     check_id,
 )
+from services.ledger.views import SessionView
 
 log = logging.getLogger("keel.compaction")
 Context = grpc.aio.ServicerContext[Any, Any]

@@ -54,7 +54,7 @@ from edge.frames import Frame, WireCodec
 from services.common.errors import KeelError
 from services.ledger import CommittedFact, LedgerClient
 from services.runner.client import RunnerClient
-from services.runner.hub import Partial, StatusChange
+from services.runner.events import Partial, StatusChange
 
 log = logging.getLogger("keel.edge.fanout")
 _CLOSED = object()

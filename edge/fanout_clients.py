@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 from edge.frames import Frame
 from services.ledger import CommittedFact
 from services.ledger.facts import ASSISTANT, EPOCH_STARTED
-from services.runner.hub import Partial, StatusChange
+from services.runner.events import Partial, StatusChange
 
 # Items a client may be behind before the next one is dropped for it (a
 # dropped fact is read back from the ledger; a dropped partial is lost).

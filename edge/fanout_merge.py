@@ -46,7 +46,7 @@ from typing import TypeAlias
 from edge.fanout_clients import attempt_epoch
 from services.ledger import CommittedFact
 from services.ledger.facts import EPOCH_STARTED
-from services.runner.hub import Committed, Partial, ReplayEnd, StatusChange, WatchEvent
+from services.runner.events import Committed, Partial, ReplayEnd, StatusChange, WatchEvent
 
 log = logging.getLogger("keel.edge.fanout")
 # A fact waits for its mark only while the runner says something at least

@@ -37,13 +37,14 @@ from edge.errors import (
 )
 from edge.fanout import FanoutHub
 from kernel import KernelClient, RuntimeInfo
+from kernel.domain import DrainMode
 from services.blobs import BlobStore
 from services.common.config import Settings
 from services.common.errors import KeelError
 from services.ledger import LedgerClient, SessionView
 from services.ledger.facts import check_id
 from services.runner.client import RunnerClient
-from services.runner.hub import StatusChange
+from services.runner.events import StatusChange
 
 log = logging.getLogger("keel.edge")
 
@@ -119,7 +120,7 @@ class Gateway:
         self.fanout = FanoutHub(self.ledger, self._owner_runner, self.runner)
         self.edge_id = f"edge-{uuid.uuid4().hex[:12]}"
         self.draining = asyncio.Event()
-        self.drain_mode = "none"
+        self.drain_mode = DrainMode.NONE
         # A drain of this edge has finished: it must be replaced (a
         # standalone edge exits; `keel up` starts another in its place).
         self.drained = asyncio.Event()
@@ -128,10 +129,10 @@ class Gateway:
         self._addresses: dict[str, str] = {}
         self._tenants: dict[str, str] = {}
 
-    def start_draining(self, mode: str = "shutdown") -> None:
+    def start_draining(self, mode: DrainMode = DrainMode.SHUTDOWN) -> None:
         """Stop serving streams: every SSE client gets `drain` and reconnects.
         Inputs are still accepted until the listener closes."""
-        self.drain_mode = mode
+        self.drain_mode = DrainMode(mode)
         self.draining.set()
         self.fanout.drain()
 
@@ -141,7 +142,7 @@ class Gateway:
         if self.drained.is_set() or not self.draining.is_set():
             return False
         self.draining.clear()
-        self.drain_mode = "none"
+        self.drain_mode = DrainMode.NONE
         self.fanout.draining = False
         return True
 

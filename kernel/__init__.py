@@ -22,29 +22,35 @@ expired at once (fast takeover). That is safe because the ledger, not the
 kernel, is the fence — see the docstring of `kernel.expiry` for the argument.
 """
 
-from kernel.client import Attachment, KernelClient
-from kernel.config import KernelConfig
-from kernel.domain import DEFAULT_LOADOUT, DrainMode, FinishResult, Lease, LeaseInfo
-from kernel.errors import (
-    ApiKeyExists,
-    ApiKeyNotFound,
-    InvalidApiKey,
-    InvalidArgument,
-    InvalidLoadout,
-    KernelError,
-    LeaseLost,
-    LoadoutNotFound,
-    RevisionMismatch,
-    SessionNotFound,
-    StaleEpoch,
-    UnknownRuntime,
-    UnknownSession,
-    UnknownTenant,
-)
-from kernel.loadout import validate_loadout
-from kernel.registry import HandoffInfo, RuntimeInfo
-from kernel.server import KernelServer, run_kernel
-from kernel.tenancy import ApiKeyGrant, ApiKeyInfo, Loadout, Revocation, TenantInfo
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kernel.client import Attachment, KernelClient
+    from kernel.config import KernelConfig
+    from kernel.domain import DEFAULT_LOADOUT, DrainMode, FinishResult, Lease, LeaseInfo
+    from kernel.errors import (
+        ApiKeyExists,
+        ApiKeyNotFound,
+        InvalidApiKey,
+        InvalidArgument,
+        InvalidLoadout,
+        KernelError,
+        LeaseLost,
+        LoadoutNotFound,
+        RevisionMismatch,
+        SessionNotFound,
+        StaleEpoch,
+        UnknownRuntime,
+        UnknownSession,
+        UnknownTenant,
+    )
+    from kernel.loadout import validate_loadout
+    from kernel.registry import HandoffInfo, RuntimeInfo
+    from kernel.server import KernelServer, run_kernel
+    from kernel.tenancy import ApiKeyGrant, ApiKeyInfo, Loadout, Revocation, TenantInfo
 
 __all__ = [
     "DEFAULT_LOADOUT",
@@ -80,3 +86,54 @@ __all__ = [
     "run_kernel",
     "validate_loadout",
 ]
+
+# name -> the module that defines it. Nothing is imported until a name is
+# first read (PEP 562), so importing one small module of this package does
+# not load the whole service; TYPE_CHECKING gives mypy and IDEs the names.
+_EXPORTS: dict[str, str] = {
+    "Attachment": "kernel.client",
+    "KernelClient": "kernel.client",
+    "KernelConfig": "kernel.config",
+    "DEFAULT_LOADOUT": "kernel.domain",
+    "DrainMode": "kernel.domain",
+    "FinishResult": "kernel.domain",
+    "Lease": "kernel.domain",
+    "LeaseInfo": "kernel.domain",
+    "ApiKeyExists": "kernel.errors",
+    "ApiKeyNotFound": "kernel.errors",
+    "InvalidApiKey": "kernel.errors",
+    "InvalidArgument": "kernel.errors",
+    "InvalidLoadout": "kernel.errors",
+    "KernelError": "kernel.errors",
+    "LeaseLost": "kernel.errors",
+    "LoadoutNotFound": "kernel.errors",
+    "RevisionMismatch": "kernel.errors",
+    "SessionNotFound": "kernel.errors",
+    "StaleEpoch": "kernel.errors",
+    "UnknownRuntime": "kernel.errors",
+    "UnknownSession": "kernel.errors",
+    "UnknownTenant": "kernel.errors",
+    "validate_loadout": "kernel.loadout",
+    "HandoffInfo": "kernel.registry",
+    "RuntimeInfo": "kernel.registry",
+    "KernelServer": "kernel.server",
+    "run_kernel": "kernel.server",
+    "ApiKeyGrant": "kernel.tenancy",
+    "ApiKeyInfo": "kernel.tenancy",
+    "Loadout": "kernel.tenancy",
+    "Revocation": "kernel.tenancy",
+    "TenantInfo": "kernel.tenancy",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

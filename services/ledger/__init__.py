@@ -7,23 +7,29 @@ Public surface::
     LedgerError …       the error tree (see services.ledger.errors)
 """
 
-from services.ledger.client import FactToAppend, LedgerClient, SessionPage
-from services.ledger.domain import Appended, OpenToolCall, SessionView
-from services.ledger.errors import (
-    FactTooLarge,
-    IdempotencyConflict,
-    InvalidCursor,
-    InvalidFact,
-    InvalidId,
-    LedgerError,
-    SessionExists,
-    SessionNotFound,
-    StaleEpoch,
-    UnknownToolCall,
-    WriteContention,
-)
-from services.ledger.facts import CommittedFact
-from services.ledger.server import LedgerServer, run_ledger
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from services.ledger.client import FactToAppend, LedgerClient, SessionPage
+    from services.ledger.errors import (
+        FactTooLarge,
+        IdempotencyConflict,
+        InvalidCursor,
+        InvalidFact,
+        InvalidId,
+        LedgerError,
+        SessionExists,
+        SessionNotFound,
+        StaleEpoch,
+        UnknownToolCall,
+        WriteContention,
+    )
+    from services.ledger.facts import CommittedFact
+    from services.ledger.server import LedgerServer, run_ledger
+    from services.ledger.views import Appended, OpenToolCall, SessionView
 
 __all__ = [
     "Appended",
@@ -47,3 +53,42 @@ __all__ = [
     "WriteContention",
     "run_ledger",
 ]
+
+# name -> the module that defines it. Nothing is imported until a name is
+# first read (PEP 562), so importing one small module of this package does
+# not load the whole service; TYPE_CHECKING gives mypy and IDEs the names.
+_EXPORTS: dict[str, str] = {
+    "FactToAppend": "services.ledger.client",
+    "LedgerClient": "services.ledger.client",
+    "SessionPage": "services.ledger.client",
+    "Appended": "services.ledger.views",
+    "OpenToolCall": "services.ledger.views",
+    "SessionView": "services.ledger.views",
+    "FactTooLarge": "services.ledger.errors",
+    "IdempotencyConflict": "services.ledger.errors",
+    "InvalidCursor": "services.ledger.errors",
+    "InvalidFact": "services.ledger.errors",
+    "InvalidId": "services.ledger.errors",
+    "LedgerError": "services.ledger.errors",
+    "SessionExists": "services.ledger.errors",
+    "SessionNotFound": "services.ledger.errors",
+    "StaleEpoch": "services.ledger.errors",
+    "UnknownToolCall": "services.ledger.errors",
+    "WriteContention": "services.ledger.errors",
+    "CommittedFact": "services.ledger.facts",
+    "LedgerServer": "services.ledger.server",
+    "run_ledger": "services.ledger.server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -17,10 +17,10 @@ from services.common.rpc import balanced_target, replica_channel_options, stream
 from services.common.serving import MESSAGE_OVERHEAD_BYTES, open_channel
 from services.ledger.append_stream import AppendPipeline
 from services.ledger.codec import fact_from_pb, new_fact_to_pb, view_from_pb
-from services.ledger.domain import Appended, SessionView
 from services.ledger.errors import LedgerError
 from services.ledger.facts import CommittedFact
 from services.ledger.packed_facts import MAX_PACKED_READ_LIMIT, facts_from_packed
+from services.ledger.views import Appended, SessionView
 
 # Safe to resend to another replica after UNAVAILABLE. Appends are left to
 # the callers: only some facts carry a dedup key.

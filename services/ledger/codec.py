@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from keel.ledger.v1 import ledger_pb2 as pb
-from services.ledger.domain import OpenToolCall, SessionView
+from services.ledger.fact_json import StoredData, decode_data
 from services.ledger.facts import CommittedFact
-from services.ledger.stored_facts import StoredData, decode_data
+from services.ledger.views import OpenToolCall, SessionView
 
 
 def _data_json(data: Mapping[str, Any]) -> str:

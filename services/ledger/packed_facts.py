@@ -20,17 +20,8 @@ from typing import Any, Final
 
 import msgspec
 
-from services.ledger.domain import timestamp_ms
-from services.ledger.facts import INPUT, SESSION_CREATED, CommittedFact
-from services.ledger.stored_facts import (
-    CREATED_STATE,
-    CREATED_TOPIC,
-    DATETIME_TRANSCODING,
-    RECORDED_STATE,
-    RECORDED_TOPIC,
-    FactReader,
-    StoredData,
-)
+from services.ledger.fact_json import StoredData
+from services.ledger.facts import INPUT, CommittedFact
 
 # A packed page may hold this many facts; its bytes bound it too.
 MAX_PACKED_READ_LIMIT: Final = 10_000
@@ -47,7 +38,7 @@ class PackedFact(msgspec.Struct, array_like=True, gc=False):
     seq: int
     kind: str
     # Written as JSON text (msgspec.Raw); read back as any JSON value, as
-    # `stored_facts.decode_data` reads a `data_json`.
+    # `fact_json.decode_data` reads a `data_json`.
     data: Any
     timestamp_ms: int
     epoch: int
@@ -57,7 +48,7 @@ _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder(list[PackedFact])
 
 
-def _data_utf8(data: Mapping[str, Any]) -> bytes:
+def data_utf8(data: Mapping[str, Any]) -> bytes:
     if isinstance(data, StoredData):
         return data.utf8
     # Not the stored text (a row read through the mapper): ASCII escapes,
@@ -67,58 +58,10 @@ def _data_utf8(data: Mapping[str, Any]) -> bytes:
 
 def fact_element(fact: CommittedFact) -> tuple[PackedFact, int]:
     """A fact as a page element, and an upper bound of its packed bytes."""
-    data = _data_utf8(fact.data)
+    data = data_utf8(fact.data)
     # A kind is short, but bound its escapes too (six bytes a character).
     size = len(data) + 6 * len(fact.kind) + PACKED_FACT_OVERHEAD
     return PackedFact(fact.seq, fact.kind, msgspec.Raw(data), fact.timestamp_ms, fact.epoch), size
-
-
-def _stored_element(seq: int, topic: str, state: bytes) -> PackedFact | None:
-    """The element of a stored row in the mapper's plain JSON, its data
-    the stored text itself (see `stored_facts.stored_fact`); None when the
-    row must be read through the mapper."""
-    try:
-        if topic == RECORDED_TOPIC:
-            recorded = RECORDED_STATE.decode(state)
-            stamp = recorded.timestamp
-            if stamp.name != DATETIME_TRANSCODING:
-                return None
-            moment = timestamp_ms(stamp.moment)
-            return PackedFact(seq, recorded.kind, recorded.data, moment, recorded.epoch)
-        if topic == CREATED_TOPIC:
-            created = CREATED_STATE.decode(state)
-            stamp = created.timestamp
-            if stamp.name != DATETIME_TRANSCODING:
-                return None
-            tenant = _data_utf8({"tenantId": created.tenant_id})
-            moment = timestamp_ms(stamp.moment)
-            return PackedFact(seq, SESSION_CREATED, msgspec.Raw(tenant), moment, 0)
-    except msgspec.MsgspecError:
-        return None
-    return None
-
-
-def pack_rows(
-    reader: FactReader,
-    session_id: str,
-    rows: Iterable[tuple[int, str, bytes]],
-    room: int,
-    into: list[PackedFact],
-) -> int:
-    """Appends the rows' elements to `into` while they fit in `room` bytes
-    (the first always does), and returns the room left (negative: full)."""
-    for seq, topic, state in rows:
-        element = _stored_element(seq, topic, state) if reader.plain else None
-        if element is None:
-            element, size = fact_element(reader.facts(session_id, [(seq, topic, state)])[0])
-        else:
-            # The stored state holds the kind and the data, and more.
-            size = len(state) + PACKED_FACT_OVERHEAD
-        if size > room and into:
-            return -1
-        into.append(element)
-        room -= size
-    return room
 
 
 def pack(elements: Sequence[PackedFact]) -> bytes:

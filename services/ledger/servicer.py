@@ -27,11 +27,11 @@ from services.common.errors import (
 from services.common.serving import MESSAGE_OVERHEAD_BYTES, GrpcService
 from services.ledger import facts as F
 from services.ledger.codec import fact_to_pb, read_response, view_to_pb
-from services.ledger.domain import Appended
 from services.ledger.errors import InvalidCursor, InvalidFact, SessionNotFound, StaleEpoch
 from services.ledger.metrics import stale_append_refused, time_append
 from services.ledger.packed_facts import MAX_PACKED_READ_LIMIT
 from services.ledger.store import LedgerStore
+from services.ledger.views import Appended
 from services.ledger.waker import SessionWaker
 
 Context = grpc.aio.ServicerContext[Any, Any]

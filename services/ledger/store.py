@@ -48,12 +48,13 @@ from services.ledger.backend import (
     list_originators,
     prepare_backend,
 )
-from services.ledger.domain import Appended, SessionStream, SessionView
+from services.ledger.domain import SessionStream
 from services.ledger.errors import LedgerError, SessionExists, SessionNotFound, WriteContention
 from services.ledger.event_insert import BatchInsert
 from services.ledger.metrics import record_batch
-from services.ledger.packed_facts import PackedFact, pack, pack_rows
-from services.ledger.stored_facts import FactReader
+from services.ledger.packed_facts import PackedFact, pack
+from services.ledger.stored_facts import FactReader, pack_rows
+from services.ledger.views import Appended, SessionView
 
 log = logging.getLogger("keel.ledger.store")
 

@@ -17,10 +17,8 @@ refuses, such as NaN) returns None and the caller reads it through the mapper.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
 
 import msgspec
 from eventsourcing.persistence import DatetimeAsISO, JSONTranscoder, Mapper, StoredEvent
@@ -28,57 +26,13 @@ from eventsourcing.utils import get_topic
 
 from services.ledger import facts as F
 from services.ledger.domain import SessionStream, timestamp_ms, to_committed
+from services.ledger.fact_json import StoredData
+from services.ledger.packed_facts import PACKED_FACT_OVERHEAD, PackedFact, data_utf8, fact_element
 
 RECORDED_TOPIC = get_topic(SessionStream.Recorded)
 CREATED_TOPIC = get_topic(SessionStream.Created)
 # The name the mapper's transcoder writes a datetime under.
 DATETIME_TRANSCODING = "datetime_iso"
-
-
-class StoredData(Mapping[str, Any]):
-    """A committed fact's data as the UTF-8 JSON it was stored as, parsed on
-    first use only (the ledger itself rarely looks inside)."""
-
-    __slots__ = ("_decoded", "utf8")
-
-    def __init__(self, utf8: bytes) -> None:
-        self.utf8 = utf8
-        self._decoded: dict[str, Any] | None = None
-
-    def _value(self) -> dict[str, Any]:
-        if self._decoded is None:
-            value = decode_data(self.utf8)
-            if not isinstance(value, dict):
-                raise ValueError("a fact's data must be a JSON object")
-            self._decoded = value
-        return self._decoded
-
-    def __getitem__(self, key: str) -> Any:
-        return self._value()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._value())
-
-    def __len__(self) -> int:
-        return len(self._value())
-
-    def __repr__(self) -> str:
-        return repr(self._value())
-
-
-_JSON = msgspec.json.Decoder()
-
-
-def decode_data(data_json: str | bytes) -> Any:
-    """A fact's data from its JSON text, as `json.loads` would read it.
-
-    msgspec first (several times faster); what it refuses and Python's json
-    reads (NaN, a number past a float's range, an escaped lone surrogate)
-    is read by the latter, so no committed fact becomes unreadable."""
-    try:
-        return _JSON.decode(data_json or "{}")
-    except msgspec.MsgspecError:
-        return json.loads(data_json or "{}")
 
 
 _STAMP_FIELDS = {"name": "_type_", "moment": "_data_"}
@@ -161,3 +115,51 @@ class FactReader:
                 fact = to_committed(session_id, event)
             out.append(fact)
         return out
+
+
+def _stored_element(seq: int, topic: str, state: bytes) -> PackedFact | None:
+    """The element of a stored row in the mapper's plain JSON, its data
+    the stored text itself (see `stored_fact`); None when the
+    row must be read through the mapper."""
+    try:
+        if topic == RECORDED_TOPIC:
+            recorded = RECORDED_STATE.decode(state)
+            stamp = recorded.timestamp
+            if stamp.name != DATETIME_TRANSCODING:
+                return None
+            moment = timestamp_ms(stamp.moment)
+            return PackedFact(seq, recorded.kind, recorded.data, moment, recorded.epoch)
+        if topic == CREATED_TOPIC:
+            created = CREATED_STATE.decode(state)
+            stamp = created.timestamp
+            if stamp.name != DATETIME_TRANSCODING:
+                return None
+            tenant = data_utf8({"tenantId": created.tenant_id})
+            moment = timestamp_ms(stamp.moment)
+            return PackedFact(seq, F.SESSION_CREATED, msgspec.Raw(tenant), moment, 0)
+    except msgspec.MsgspecError:
+        return None
+    return None
+
+
+def pack_rows(
+    reader: FactReader,
+    session_id: str,
+    rows: Iterable[tuple[int, str, bytes]],
+    room: int,
+    into: list[PackedFact],
+) -> int:
+    """Appends the rows' elements to `into` while they fit in `room` bytes
+    (the first always does), and returns the room left (negative: full)."""
+    for seq, topic, state in rows:
+        element = _stored_element(seq, topic, state) if reader.plain else None
+        if element is None:
+            element, size = fact_element(reader.facts(session_id, [(seq, topic, state)])[0])
+        else:
+            # The stored state holds the kind and the data, and more.
+            size = len(state) + PACKED_FACT_OVERHEAD
+        if size > room and into:
+            return -1
+        into.append(element)
+        room -= size
+    return room

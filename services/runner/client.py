@@ -7,12 +7,13 @@ from dataclasses import dataclass
 
 from keel.runner.v1 import runner_pb2 as pb
 from keel.runner.v1 import runner_pb2_grpc as pb_grpc
+from kernel.domain import DrainMode
 from services.common.config import Settings
 from services.common.rpc import streaming, unary
 from services.common.serving import open_channel
 from services.runner.codec import DRAIN_MODE_FROM_PB, DRAIN_MODE_TO_PB, watch_event_from_pb
 from services.runner.errors import RunnerError
-from services.runner.hub import WatchEvent
+from services.runner.events import WatchEvent
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class DrainOutcome:
 @dataclass(frozen=True)
 class RunnerStatus:
     runtime_id: str
-    drain_mode: str
+    drain_mode: DrainMode
     claiming: bool
     in_flight_runs: int
     session_ids: tuple[str, ...]
@@ -64,21 +65,21 @@ class RunnerClient:
             if event is not None:
                 yield event
 
-    async def drain(self, mode: str, deadline_ms: int = 0, runtime_id: str = "") -> int:
+    async def drain(self, mode: DrainMode | str, deadline_ms: int = 0, runtime_id: str = "") -> int:
         """Drains the runner; returns the runs in flight when it began."""
         return (await self.drain_outcome(mode, deadline_ms, runtime_id)).in_flight_runs
 
     async def drain_outcome(
-        self, mode: str, deadline_ms: int = 0, runtime_id: str = ""
+        self, mode: DrainMode | str, deadline_ms: int = 0, runtime_id: str = ""
     ) -> DrainOutcome:
         """Drains the runner (mode handoff or shutdown; returns once the
         drain has finished) or undoes its unfinished drain (mode "none").
         `deadline_ms` 0: the runner's own (KEEL_DRAIN_DEADLINE_MS);
         `runtime_id`: refused unless the runner is that runtime."""
-        if mode not in ("handoff", "shutdown", "none"):
+        if mode not in tuple(DrainMode):
             raise ValueError(f"mode must be handoff, shutdown or none, got {mode!r}")
         request = pb.DrainRequest(
-            mode=DRAIN_MODE_TO_PB[mode], deadline_ms=deadline_ms, runtime_id=runtime_id
+            mode=DRAIN_MODE_TO_PB[DrainMode(mode)], deadline_ms=deadline_ms, runtime_id=runtime_id
         )
         response = await unary(self._stub.Drain(request), RunnerError)
         return DrainOutcome(
@@ -92,7 +93,7 @@ class RunnerClient:
         response = await unary(self._stub.Status(pb.StatusRequest()), RunnerError)
         return RunnerStatus(
             runtime_id=response.runtime_id,
-            drain_mode=DRAIN_MODE_FROM_PB.get(response.drain_mode, "none"),
+            drain_mode=DRAIN_MODE_FROM_PB.get(response.drain_mode, DrainMode.NONE),
             claiming=response.claiming,
             in_flight_runs=response.in_flight_runs,
             session_ids=tuple(response.session_ids),

@@ -7,7 +7,8 @@ shape of a delta, a status or a drain mode is spelled in one place.
 from __future__ import annotations
 
 from keel.runner.v1 import runner_pb2 as pb
-from services.runner.hub import Committed, Partial, ReplayEnd, State, StatusChange, WatchEvent
+from kernel.domain import DrainMode
+from services.runner.events import Committed, Partial, ReplayEnd, State, StatusChange, WatchEvent
 
 _STATE_TO_PB: dict[State, pb.SessionState.ValueType] = {
     "idle": pb.SESSION_STATE_IDLE,
@@ -15,11 +16,11 @@ _STATE_TO_PB: dict[State, pb.SessionState.ValueType] = {
     "compacting": pb.SESSION_STATE_COMPACTING,
 }
 _STATE_FROM_PB = {number: name for name, number in _STATE_TO_PB.items()}
-# The modes of Runtime.drain_mode ("none", "handoff", "shutdown").
-DRAIN_MODE_TO_PB: dict[str, pb.DrainMode.ValueType] = {
-    "none": pb.DRAIN_MODE_NONE,
-    "handoff": pb.DRAIN_MODE_HANDOFF,
-    "shutdown": pb.DRAIN_MODE_SHUTDOWN,
+# The modes of Runtime.drain_mode.
+DRAIN_MODE_TO_PB: dict[DrainMode, pb.DrainMode.ValueType] = {
+    DrainMode.NONE: pb.DRAIN_MODE_NONE,
+    DrainMode.HANDOFF: pb.DRAIN_MODE_HANDOFF,
+    DrainMode.SHUTDOWN: pb.DRAIN_MODE_SHUTDOWN,
 }
 DRAIN_MODE_FROM_PB = {number: name for name, number in DRAIN_MODE_TO_PB.items()}
 

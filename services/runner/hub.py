@@ -38,11 +38,35 @@ import asyncio
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
-from typing import Literal, TypeAlias
 
-State: TypeAlias = Literal["idle", "running", "compacting"]
-Channel: TypeAlias = Literal["text", "thinking", "tool_call"]
+from services.runner.events import (
+    Committed,
+    HubEvent,
+    Partial,
+    ReplayEnd,
+    State,
+    StatusChange,
+    WatchEvent,
+)
+
+# The event values live in `services.runner.events` (the edge reads them from
+# there); they are re-exported for the runner's modules that publish them.
+__all__ = [
+    "GRACE_BYTES",
+    "GRACE_S",
+    "GRACE_SESSIONS",
+    "MAX_LOG_BYTES",
+    "MAX_LOG_ITEMS",
+    "AttemptLog",
+    "Committed",
+    "HubEvent",
+    "Partial",
+    "PartialHub",
+    "ReplayEnd",
+    "State",
+    "StatusChange",
+    "WatchEvent",
+]
 
 # Bounds of one attempt's log. A late watcher needs the attempt's preview
 # only until the answer is committed, while a runaway stream (a model looping
@@ -61,49 +85,6 @@ ITEM_OVERHEAD_BYTES = 96
 GRACE_S = 15.0
 GRACE_SESSIONS = 64
 GRACE_BYTES = 32 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Partial:
-    generation_id: str
-    channel: Channel
-    text: str
-    epoch: int
-    attempt_id: str
-    # Tool-call fragments only: which call the fragment belongs to.
-    tool_call_id: str = ""
-    tool_name: str = ""
-
-
-@dataclass(frozen=True)
-class StatusChange:
-    state: State
-    epoch: int
-
-
-@dataclass(frozen=True)
-class Committed:
-    """The attempt has committed (or read) the session's facts up to `seq`:
-    every partial it published before then precedes this mark."""
-
-    seq: int
-
-
-@dataclass(frozen=True)
-class ReplayEnd:
-    """Marks where the replayed partials end and live events begin.
-
-    `committed`: the highest seq the attempt had committed (or read) when the
-    watch began, so every partial published before those facts was replayed
-    (marks themselves are not replayed). None from a runner that sends no
-    marks (an older one)."""
-
-    partials: int
-    committed: int | None = 0
-
-
-HubEvent: TypeAlias = Partial | StatusChange | Committed
-WatchEvent: TypeAlias = Partial | StatusChange | Committed | ReplayEnd
 
 
 class AttemptLog:
