@@ -12,6 +12,7 @@ import time
 
 from opentelemetry import metrics
 
+from kernel.domain import DrainMode
 from services.common.metrics_at_start import HistogramSpec, show_from_start
 
 _meter = metrics.get_meter("keel.edge")
@@ -39,7 +40,10 @@ _drain_duration = _DRAIN_DURATION.create(_meter)
 def prime() -> None:
     """Instruments at 0 from the start (see kernel.metrics.prime); the drain
     histogram with a zero count until the first drain."""
-    modes = [{"mode": mode, "result": "drained"} for mode in ("handoff", "shutdown")]
+    modes = [
+        {"mode": mode.value, "result": "drained"}
+        for mode in (DrainMode.HANDOFF, DrainMode.SHUTDOWN)
+    ]
     show_from_start("keel.edge", _DRAIN_DURATION, modes)
     _sse_clients.add(0)
     _sse_frames.add(0)
@@ -62,6 +66,8 @@ def sse_frames_sent(count: int) -> None:
         _sse_frames.add(count)
 
 
-def drain_answered(mode: str, started: float, result: str) -> None:
+def drain_answered(mode: DrainMode, started: float, result: str) -> None:
     """A runner's drain, called at `started` (`time.perf_counter()`), ended as `result`."""
-    _drain_duration.record((time.perf_counter() - started) * 1000, {"mode": mode, "result": result})
+    _drain_duration.record(
+        (time.perf_counter() - started) * 1000, {"mode": mode.value, "result": result}
+    )

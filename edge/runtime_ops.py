@@ -18,6 +18,7 @@ from edge import metrics as edge_metrics
 from edge.errors import Conflict, NotFound, Unavailable, from_service_error
 from edge.gateway import Gateway
 from kernel import RuntimeInfo
+from kernel.domain import DrainMode
 from services.common.errors import KeelError
 from services.runner.client import DrainOutcome
 
@@ -50,7 +51,7 @@ async def _attached_runners(gateway: Gateway) -> list[RuntimeInfo]:
 
 
 async def _call_drain(
-    gateway: Gateway, runtime: RuntimeInfo, mode: str, deadline_ms: int
+    gateway: Gateway, runtime: RuntimeInfo, mode: DrainMode, deadline_ms: int
 ) -> DrainOutcome:
     """Drains (or, mode "none", undoes the drain of) one runner; a runner
     that cannot be reached raises Unavailable naming it."""
@@ -70,7 +71,7 @@ async def _call_drain(
 
 
 async def drain_runtimes(
-    gateway: Gateway, mode: str, deadline_ms: int, runtime_id: str | None
+    gateway: Gateway, mode: DrainMode, deadline_ms: int, runtime_id: str | None
 ) -> dict[str, Any]:
     """Drains the runtime named (a runner, or this edge), or every attached
     runner; returns once their drains have finished."""
@@ -128,7 +129,7 @@ async def undo_drains(gateway: Gateway, runtime_id: str | None) -> dict[str, Any
 
     async def one(runtime: RuntimeInfo) -> None:
         try:
-            outcome = await _call_drain(gateway, runtime, "none", 0)
+            outcome = await _call_drain(gateway, runtime, DrainMode.NONE, 0)
         except Unavailable as error:
             if runtime_id is not None:
                 raise
@@ -147,7 +148,7 @@ async def undo_drains(gateway: Gateway, runtime_id: str | None) -> dict[str, Any
     return result
 
 
-async def drain_this_edge(gateway: Gateway, mode: str, deadline_ms: int) -> int:
+async def drain_this_edge(gateway: Gateway, mode: DrainMode, deadline_ms: int) -> int:
     """Drains this edge: every stream is told `drain` (SSE and gRPC), new
     ones are told at once, /readyz answers 503; finishes once the streams
     are gone or at the deadline, and returns how many were still open. A

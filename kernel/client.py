@@ -241,8 +241,8 @@ class KernelClient:
         self._attachments.append(attachment)
         return attachment
 
-    async def set_drain(self, runtime_id: str, mode: str) -> None:
-        """mode: "none", "handoff" or "shutdown"."""
+    async def set_drain(self, runtime_id: str, mode: DrainMode | str) -> None:
+        """mode: a `DrainMode`, or its text ("none", "handoff" or "shutdown")."""
         try:
             value = DRAIN_TO_PB[DrainMode(mode)]
         except ValueError:

@@ -23,19 +23,21 @@ from edge.gateway import Gateway
 from edge.http import api_route, client_host, gateway_of, plain_route, typed_body
 from edge.runtime_ops import drain_runtimes, drain_this_edge, undo_drains
 from edge.runtime_status import report
+from kernel.domain import DrainMode
 from services.common.internal_auth import TOKEN_HEADER
 from services.common.runtime_records import LOCAL_DRAIN_PATH
 
-DRAIN_MODES = ("handoff", "shutdown")
+DRAIN_MODES = (DrainMode.HANDOFF, DrainMode.SHUTDOWN)
 
 
-def _mode_and_deadline(body: DrainBody, gateway: Gateway) -> tuple[str, int]:
+def _mode_and_deadline(body: DrainBody, gateway: Gateway) -> tuple[DrainMode, int]:
     if body.mode not in DRAIN_MODES:
         raise BadRequest("mode must be handoff or shutdown", field="mode")
+    mode = DrainMode(body.mode)
     deadline = body.deadline_ms
     if isinstance(deadline, msgspec.UnsetType):
-        return body.mode, gateway.config.drain_deadline_ms
-    return body.mode, deadline
+        return mode, gateway.config.drain_deadline_ms
+    return mode, deadline
 
 
 async def drain(request: Request, caller: Caller) -> Response:

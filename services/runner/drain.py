@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernel import KernelClient, Lease
+from kernel.domain import DrainMode
 from kernel.handoffs import HandoffNote
 from services.common.errors import KeelError
 from services.ledger import LedgerClient
@@ -36,7 +37,6 @@ from services.runner.attempt import Attempt
 
 log = logging.getLogger("keel.runner.drain")
 
-DRAIN_NONE, DRAIN_HANDOFF, DRAIN_SHUTDOWN = "none", "handoff", "shutdown"
 # Phases of a drain: waiting for commit boundaries, stopping what is left, done.
 _WAITING, _STOPPING, _FINISHED = "waiting", "stopping", "finished"
 
@@ -108,7 +108,7 @@ class Drainer:
         self._idle = idle
         self._stop_claiming = stop_claiming
         self._start_claiming = start_claiming
-        self.mode = DRAIN_NONE
+        self.mode = DrainMode.NONE
         self.in_flight = 0
         # Set when the drain has finished: the runtime must go.
         self.finished = asyncio.Event()
@@ -121,17 +121,17 @@ class Drainer:
         # one at a time, so the kernel never ends up with a stale mode.
         self._lock = asyncio.Lock()
 
-    def start(self, mode: str, deadline_ms: int) -> asyncio.Task[DrainResult]:
+    def start(self, mode: DrainMode, deadline_ms: int) -> asyncio.Task[DrainResult]:
         """Marks the runtime draining now (attempts see it at their next
         boundary) and returns the task that completes the drain. A drain
         already under way is joined; a shutdown hurries a handoff along."""
-        if mode not in (DRAIN_HANDOFF, DRAIN_SHUTDOWN):
+        if mode not in (DrainMode.HANDOFF, DrainMode.SHUTDOWN):
             raise ValueError(f"mode must be handoff or shutdown, got {mode!r}")
         task = self._task
         if task is not None and (not task.done() or self._result is not None):
             # Under way (joined; a shutdown hurries a handoff), or finished.
-            if not task.done() and mode == DRAIN_SHUTDOWN and self.mode == DRAIN_HANDOFF:
-                self.mode = DRAIN_SHUTDOWN
+            if not task.done() and mode == DrainMode.SHUTDOWN and self.mode == DrainMode.HANDOFF:
+                self.mode = DrainMode.SHUTDOWN
                 self._wake.set()
             return task
         self.mode = mode
@@ -148,12 +148,12 @@ class Drainer:
         async with self._lock:
             if self._phase in (_STOPPING, _FINISHED):
                 return DrainResult(self.in_flight, finished=True)
-            if self.mode == DRAIN_NONE:
+            if self.mode == DrainMode.NONE:
                 return DrainResult(0)
-            self.mode = DRAIN_NONE
+            self.mode = DrainMode.NONE
             self._phase = ""
             self._wake.set()
-            await self._tell_kernel(DRAIN_NONE)
+            await self._tell_kernel(DrainMode.NONE)
             self._start_claiming()
         log.info("runtime %s: drain undone; claiming again", self._runtime_id)
         return DrainResult(self.in_flight, undone=True)
@@ -162,24 +162,29 @@ class Drainer:
         if self._task is not None:
             await cancel_and_wait([self._task])
 
-    async def _tell_kernel(self, mode: str) -> None:
+    async def _tell_kernel(self, mode: DrainMode) -> None:
         try:
             await self._kernel.set_drain(self._runtime_id, mode)
         except KeelError as error:
             # The registry shows it late; the runtime itself no longer claims.
             log.warning("could not record drain %s of %s: %s", mode, self._runtime_id, error)
 
+    def _undone(self) -> bool:
+        # A method, not an inline test: an undo may change the mode while
+        # the drain waits, which a type checker's narrowing cannot see.
+        return self.mode == DrainMode.NONE
+
     async def _drain(self, deadline_ms: int) -> DrainResult:
         began = time.perf_counter()
         async with self._lock:
-            if self.mode == DRAIN_NONE:
+            if self._undone():
                 return DrainResult(self.in_flight, undone=True)
             await self._tell_kernel(self.mode)
             await self._stop_claiming()
-        if self.mode == DRAIN_HANDOFF:
+        if self.mode == DrainMode.HANDOFF:
             await self._settle(deadline_ms)
         async with self._lock:
-            if self.mode == DRAIN_NONE:
+            if self._undone():
                 return DrainResult(self.in_flight, undone=True)
             self._phase = _STOPPING
         stopped = await self._stop_running()

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from opentelemetry import metrics
 
 from agent_io.providers.base import Usage
+from kernel.domain import DrainMode
 from services.common.metrics_at_start import HistogramSpec, show_from_start
 
 _METER = "keel.runner"
@@ -73,7 +74,7 @@ _claim_failures = _meter.create_counter(
 )
 
 BUILTIN_SOURCE = "builtin"
-DRAIN_MODES = ("handoff", "shutdown")
+DRAIN_MODES = (DrainMode.HANDOFF, DrainMode.SHUTDOWN)
 CLAIM_FAILURES = ("unavailable", "refused", "error")
 
 
@@ -92,7 +93,7 @@ def prime() -> None:
     """Counters at 0 from the start (see kernel.metrics.prime), and the
     histograms of rare events served with a zero count until the first."""
     show_from_start(_METER, _TAKEOVER_FIRST_COMMIT)
-    show_from_start(_METER, _DRAIN_DURATION, [{"mode": mode} for mode in DRAIN_MODES])
+    show_from_start(_METER, _DRAIN_DURATION, [{"mode": mode.value} for mode in DRAIN_MODES])
     _turns.add(0)
     for outcome in ATTEMPT_OUTCOMES:
         _attempts.add(0, {"outcome": outcome})

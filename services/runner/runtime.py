@@ -39,7 +39,7 @@ from agent_io.tools import ToolCatalog, builtin_tools
 from agent_io.tools.factory import SourceFactory, ToolDefaults
 from kernel import KernelClient
 from kernel.client import Claim
-from kernel.domain import FailureKind
+from kernel.domain import DrainMode, FailureKind
 from services.blob_parts import BlobContent
 from services.blobs import BlobStore, blob_store
 from services.common import faults, tracing
@@ -60,9 +60,6 @@ from services.runner.attempt import (
 )
 from services.runner.config import RunnerConfig
 from services.runner.drain import (
-    DRAIN_HANDOFF,
-    DRAIN_NONE,
-    DRAIN_SHUTDOWN,
     Drainer,
     DrainResult,
     Running,
@@ -76,7 +73,7 @@ from services.runner.tool_state import counter_store
 
 log = logging.getLogger("keel.runner")
 
-__all__ = ["DRAIN_HANDOFF", "DRAIN_NONE", "DRAIN_SHUTDOWN", "DrainResult", "Runtime", "drive"]
+__all__ = ["DrainResult", "Runtime", "drive"]
 CANCEL_WATCH_DELAY_S = 0.1
 
 
@@ -117,7 +114,7 @@ class Runtime:
             self.hub,
             self._running,
             self._slots,
-            lambda: self.drain_mode != DRAIN_NONE,
+            lambda: self.drain_mode != DrainMode.NONE,
             self._launch,
         )
         self.fact_cache = FactCache(self.ledger, config.cached_facts, self.intake.evicted)
@@ -149,7 +146,7 @@ class Runtime:
         )
 
     @property
-    def drain_mode(self) -> str:
+    def drain_mode(self) -> DrainMode:
         return self._drainer.mode
 
     @property
@@ -163,7 +160,7 @@ class Runtime:
 
     @property
     def claiming(self) -> bool:
-        return self.drain_mode == DRAIN_NONE and self.intake.claiming
+        return self.drain_mode == DrainMode.NONE and self.intake.claiming
 
     # -- life cycle --
 
@@ -193,7 +190,7 @@ class Runtime:
     def _drain_at_fault_point(self) -> None:
         # Marked draining before returning, so the boundary check that
         # follows the fault point hands the attempt off right there.
-        self._drainer.start(DRAIN_HANDOFF, self.settings.lease_ms)
+        self._drainer.start(DrainMode.HANDOFF, self.settings.lease_ms)
 
     async def _register(self) -> None:
         await self.kernel.register_runtime(
@@ -204,7 +201,7 @@ class Runtime:
             version="0.1.0",
             role="runner",
         )
-        if self.drain_mode != DRAIN_NONE:
+        if self.drain_mode != DrainMode.NONE:
             # Registered again after being forgotten: still draining.
             await self.kernel.set_drain(self.runtime_id, self.drain_mode)
 
@@ -225,16 +222,16 @@ class Runtime:
         await self.ledger.close()
         await self.kernel.close()
 
-    async def drain(self, mode: str, deadline_ms: int) -> DrainResult:
+    async def drain(self, mode: DrainMode | str, deadline_ms: int) -> DrainResult:
         """Stops claiming at once; `handoff` settles in-flight attempts at a
         commit boundary (stopping those still running at the deadline),
         `shutdown` stops them at once. Returns once the drain has finished
         (or was undone): no attempt of this runtime runs any more and every
         lease it held is given back."""
-        if mode not in (DRAIN_HANDOFF, DRAIN_SHUTDOWN):
+        if mode not in (DrainMode.HANDOFF, DrainMode.SHUTDOWN):
             raise ValueError(mode)
         # Shielded: a caller that goes away does not leave the drain half done.
-        return await asyncio.shield(self._drainer.start(mode, deadline_ms))
+        return await asyncio.shield(self._drainer.start(DrainMode(mode), deadline_ms))
 
     async def undrain(self) -> DrainResult:
         """Undoes a drain that has not finished (`finished` in the result
@@ -321,7 +318,7 @@ class Runtime:
             hub=self.hub,
             compaction=self.compaction,
             # A shutdown stops attempts anyway; one at a boundary stops there.
-            handoff_requested=lambda: self.drain_mode != DRAIN_NONE,
+            handoff_requested=lambda: self.drain_mode != DrainMode.NONE,
             lease_ms=self.settings.lease_ms,
             blobs=self.blobs,
             max_fact_bytes=self.settings.max_fact_bytes,

@@ -14,11 +14,12 @@ from typing import Any
 
 from keel.runner.v1 import runner_pb2 as pb
 from keel.runner.v1 import runner_pb2_grpc as pb_grpc
+from kernel.domain import DrainMode
 from services.common.errors import stream_errors, unary_errors
 from services.common.serving import GrpcService
 from services.runner.codec import DRAIN_MODE_FROM_PB, DRAIN_MODE_TO_PB, watch_event_to_pb
 from services.runner.errors import InvalidDrain, SessionNotOwned
-from services.runner.runtime import DRAIN_NONE, Runtime
+from services.runner.runtime import Runtime
 
 
 class RunnerServicer(pb_grpc.RunnerServiceServicer):
@@ -52,7 +53,7 @@ class RunnerServicer(pb_grpc.RunnerServiceServicer):
             raise InvalidDrain("mode must be DRAIN_MODE_HANDOFF, DRAIN_MODE_SHUTDOWN or NONE")
         if request.deadline_ms < 0:
             raise InvalidDrain(f"deadline_ms must be >= 0, got {request.deadline_ms}")
-        if mode == DRAIN_NONE:
+        if mode == DrainMode.NONE:
             result = await runtime.undrain()
         else:
             deadline = request.deadline_ms or runtime.config.handoff_deadline_ms
