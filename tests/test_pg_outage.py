@@ -344,6 +344,39 @@ async def _settled(http: httpx.AsyncClient, sessions: list[str]) -> None:
         raise AssertionError(f"{late}; still owing: {owing}") from None
 
 
+# A child's log line as `keel up --processes` forwards it: "[kernel 4242] {json}".
+_CHILD_LOG = re.compile(r"^\[(?P<child>\S+) \d+\] (?P<record>\{.*\})$")
+# One warning per attempt that an outage stopped: an event of each session's
+# own (bounded by the run slots), not a line per retry.
+_PER_ATTEMPT = "attempt on "
+# The pool's own per-retry warnings, which Keel's outage logs replace.
+_POOL_RETRY = ("error connecting in ", "reconnection attempt in pool ", "discarding ")
+
+
+def quiet_outage_logs(output: list[str], outages_s: list[float]) -> None:
+    """Each outage is said once when it begins and once when it ends (and
+    summed up every 30 s between) by each process's loops, never a line or
+    a traceback per failed retry or per refused request (issue 24, point 17:
+    a 10 s outage used to print 232 lines, 22 a second)."""
+    assert not [line for line in output if "Traceback" in line], "a traceback in an outage"
+    warnings: Counter[tuple[str, str]] = Counter()
+    for line in output:
+        matched = _CHILD_LOG.match(line)
+        if matched is None:
+            continue
+        record = json.loads(matched["record"])
+        if record["level"] != "warning":
+            continue
+        message = str(record["msg"])
+        assert not (record["logger"] == "psycopg.pool" and message.startswith(_POOL_RETRY)), line
+        if not message.startswith(_PER_ATTEMPT):
+            warnings[(matched["child"], record["logger"])] += 1
+    # Gone and back for each outage, and a summary per 30 s it lasted.
+    allowed = 2 * len(outages_s) + sum(int(seconds // 30) for seconds in outages_s)
+    loud = {source: count for source, count in warnings.items() if count > allowed}
+    assert loud == {}, f"more than {allowed} warnings from one logger: {loud}"
+
+
 @pytest.mark.slow
 @pytest.mark.outage
 def test_postgres_outages_under_load_lose_nothing_and_heal_by_themselves(tmp_path: Path) -> None:
@@ -381,6 +414,7 @@ def test_postgres_outages_under_load_lose_nothing_and_heal_by_themselves(tmp_pat
     assert set(spawned) >= {"ledger", "kernel", "compaction", "runner-1", "runner-2", "edge"}
     assert set(spawned.values()) == {1}, spawned
     assert [line for line in output if "restarting" in line] == []
+    quiet_outage_logs(output, figures["outages_s"])
     assert tally.unexpected == [], tally.unexpected
     assert tally.refusals > 0 and tally.refusals_without_retry_after == []
     assert figures["violations"] == []

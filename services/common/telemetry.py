@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from services.common import tracing
 from services.common.config import Settings
 from services.common.metrics_endpoint import MetricsEndpoint, start_metrics_endpoint
+from services.common.outage_log import quiet_pool_retries
 
 log = logging.getLogger("keel.telemetry")
 
@@ -63,6 +64,7 @@ def configure(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level.upper())
+    quiet_pool_retries(settings.log_level)
 
     # The pid tells a crashed process's spans from its successor's.
     resource = Resource.create({"service.name": f"keel-{service}", "process.pid": os.getpid()})

@@ -39,7 +39,10 @@ async def once_answered(call: Callable[[], Awaitable[T]], within_s: float) -> T 
             return await call()
         except ServiceUnavailable as error:
             if loop.time() + delay > deadline:
-                log.warning("gave up waiting for the kernel: %s", error)
+                # One per attempt an outage outlasted, and harmless (the TTL
+                # frees the session): the outage itself is said once by the
+                # runner's outage log, so this is not a warning too.
+                log.info("gave up waiting for the kernel: %s", error)
                 return None
         except KeelError as error:
             log.info("not settled: %s", error)
