@@ -43,6 +43,7 @@ from bench.followers import Followers
 from bench.turns import percentile
 from keel.sessions.v1 import sessions_pb2 as pb
 from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
+from services.runner.events import RUNNING
 
 BENCH_KEY = "keel-bench-key-0123456789abcdef"
 WARMUP_FACTS = 1
@@ -312,7 +313,7 @@ async def _hold_the_session(http: httpx.AsyncClient, session: str) -> None:
     body = {"text": "/slow 3600 hold", "requestId": "hold"}
     assert (await http.post(f"/v1/sessions/{session}/inputs", json=body)).status_code == 202
     deadline = time.monotonic() + 30
-    while (await http.get(f"/v1/sessions/{session}")).json()["status"] != "running":
+    while (await http.get(f"/v1/sessions/{session}")).json()["status"] != RUNNING:
         if time.monotonic() > deadline:
             raise RuntimeError("the held session never started running")
         await asyncio.sleep(0.05)

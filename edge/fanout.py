@@ -54,7 +54,7 @@ from edge.frames import Frame, WireCodec
 from services.common.errors import KeelError
 from services.ledger import CommittedFact, LedgerClient
 from services.runner.client import RunnerClient
-from services.runner.events import Partial, StatusChange
+from services.runner.events import IDLE, Partial, StatusChange
 
 log = logging.getLogger("keel.edge.fanout")
 _CLOSED = object()
@@ -268,7 +268,7 @@ class FanoutHub:
                     shown.note_all(page)
                     client.cursor = page[-1].seq
                     yield self._frames(page)
-            if fanout.status.state != "idle" and not shown.outdated(fanout.status):
+            if fanout.status.state != IDLE and not shown.outdated(fanout.status):
                 # Whoever works on the session now, as far as this edge knows.
                 yield [Frame(fanout.status, self.codec)]
             while True:

@@ -46,7 +46,7 @@ from typing import TypeAlias
 from edge.fanout_clients import attempt_epoch
 from services.ledger import CommittedFact
 from services.ledger.facts import EPOCH_STARTED
-from services.runner.events import Committed, Partial, ReplayEnd, StatusChange, WatchEvent
+from services.runner.events import IDLE, Committed, Partial, ReplayEnd, StatusChange, WatchEvent
 
 log = logging.getLogger("keel.edge.fanout")
 # A fact waits for its mark only while the runner says something at least
@@ -54,7 +54,7 @@ log = logging.getLogger("keel.edge.fanout")
 # facts are never held back for a preview by a runner that is not there).
 STALL_S = 2.0
 MAX_WAITING = 256
-IDLE = StatusChange("idle", 0)
+NOTHING_RUNS = StatusChange(IDLE, 0)
 
 Merged: TypeAlias = CommittedFact | Partial | StatusChange
 
@@ -98,7 +98,7 @@ class SessionMerge:
         self._marked = 0
         self._waits = False
         self._stall: asyncio.TimerHandle | None = None
-        self.status: StatusChange = IDLE
+        self.status: StatusChange = NOTHING_RUNS
 
     # -- the ledger's side --
 
@@ -146,9 +146,9 @@ class SessionMerge:
             return
         self._waits = False
         self._release()
-        if self.status.state != "idle":
-            self.status = IDLE
-            self._emit(IDLE)
+        if self.status.state != IDLE:
+            self.status = NOTHING_RUNS
+            self._emit(NOTHING_RUNS)
 
     # -- ordering --
 

@@ -22,10 +22,10 @@ from sse_starlette import ServerSentEvent
 from keel.sessions.v1 import sessions_pb2 as pb
 from services.common import tracing
 from services.ledger import CommittedFact
-from services.runner.events import Partial, StatusChange
+from services.runner.events import COMPACTING, IDLE, RUNNING, Partial, SessionState, StatusChange
 
 # The states a client is told of (a runner's other states are its own business).
-CLIENT_STATES = frozenset({"idle", "running", "compacting"})
+CLIENT_STATES: frozenset[SessionState] = frozenset({IDLE, RUNNING, COMPACTING})
 
 
 def _json(value: Any) -> str:

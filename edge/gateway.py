@@ -36,6 +36,7 @@ from edge.errors import (
     shown,
 )
 from edge.fanout import FanoutHub
+from edge.session_status import AWAITING_APPROVAL, PARKED, SessionStatus
 from kernel import KernelClient, RuntimeInfo
 from kernel.domain import DrainMode
 from services.blobs import BlobStore
@@ -44,7 +45,7 @@ from services.common.errors import KeelError
 from services.ledger import LedgerClient, SessionView
 from services.ledger.facts import check_id
 from services.runner.client import RunnerClient
-from services.runner.events import StatusChange
+from services.runner.events import IDLE, RUNNING, SessionState, StatusChange
 
 log = logging.getLogger("keel.edge")
 
@@ -70,10 +71,7 @@ class SessionInfo:
 
     session_id: str
     head_seq: int
-    # idle, running, compacting, parked, or awaiting_approval: nothing runs,
-    # and a tool call waits for a person's decision (inputs sent meanwhile
-    # stay owed: the model is asked again once the call has its result).
-    status: str
+    status: SessionStatus
     owed_input_seqs: tuple[int, ...]
     latest_compaction_seq: int
     pending_approvals: tuple[PendingApproval, ...] = ()
@@ -186,8 +184,8 @@ class Gateway:
         pending, status = await asyncio.gather(
             pending_approvals(self.ledger, view), self.status_of(view)
         )
-        if status == "idle" and pending:
-            status = "awaiting_approval"
+        if status == IDLE and pending:
+            status = AWAITING_APPROVAL
         return SessionInfo(
             session_id=self.public_session_id(view.session_id),
             head_seq=view.head_seq,
@@ -302,7 +300,7 @@ class Gateway:
         owner = await self.owner(session_id)
         return await self.runner(owner) if owner else None
 
-    async def status_of(self, view: SessionView) -> str:
+    async def status_of(self, view: SessionView) -> SessionStatus:
         """idle, running, compacting or parked. The kernel knows whether an
         attempt holds the session; only its runner knows whether that attempt
         is compacting right now.
@@ -311,19 +309,19 @@ class Gateway:
         answer may still be streaming (its runner outlives a kernel gap),
         and a client that reads `idle` stops waiting for it."""
         if view.parked:
-            return "parked"
+            return PARKED
         lease = (await self.kernel.get_lease(view.session_id)).lease
         if lease is None:
-            return "idle"
+            return IDLE
         owner = lease.runtime_id
         runner = await self.runner(owner)
         state = await self._runner_state(runner, view.session_id) if runner else None
         # A lease with no answer from its runner (starting, finishing, or the
         # runner unreachable) is still an attempt in progress.
-        return state or "running"
+        return state or RUNNING
 
     @staticmethod
-    async def _runner_state(runner: RunnerClient, session_id: str) -> str | None:
+    async def _runner_state(runner: RunnerClient, session_id: str) -> SessionState | None:
         """The session's state on the runner that owns it: the first event of
         its watch stream is the current status (the stream is closed at once)."""
         events = runner.watch(session_id)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from edge.session_status import SESSION_STATUSES
+
 Schema = dict[str, Any]
 
 
@@ -155,7 +157,7 @@ _SCHEMAS: dict[str, Schema] = {
             "id": _SESSION_ID_SCHEMA,
             "headSeq": _COUNT,
             "status": {
-                "enum": ["idle", "running", "compacting", "parked", "awaiting_approval"],
+                "enum": list(SESSION_STATUSES),
                 "description": "awaiting_approval: nothing runs and a tool call waits for a "
                 "decision; inputs sent meanwhile stay owed until the call has its result",
             },

@@ -53,6 +53,7 @@ from rich.console import Console
 
 from services.cli.chaos_report import ChaosReport, RoundResult, progress_line, render
 from services.cli.chaos_stale import StaleStrike, stale_inputs, stop_until_taken_over
+from services.runner.events import IDLE
 from services.session_invariants import Violation, check_session
 
 SCENARIOS = ("crash", "handoff", "stale")
@@ -374,7 +375,7 @@ class ChaosRun:
             pending = [
                 s
                 for s, view in zip(pending, views, strict=True)
-                if view["status"] != "idle" or view["owedInputs"]
+                if view["status"] != IDLE or view["owedInputs"]
             ]
             if pending:
                 await asyncio.sleep(POLL_S)

@@ -37,7 +37,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from edge.session_status import AWAITING_APPROVAL, PARKED
 from services.cli.chat_view import ChatView, Delta, SseEvent, SseParser
+from services.runner.events import IDLE
 
 HELP = (
     "Type a message and press Enter. Commands: :retry <seq>  :cancel  "
@@ -259,8 +261,8 @@ class ChatClient:
         if self.last_seq < int(session.get("headSeq", 0)):
             return False
         status = session.get("status")
-        return status in ("parked", "awaiting_approval") or (
-            status == "idle" and not session.get("owedInputs")
+        return status in (PARKED, AWAITING_APPROVAL) or (
+            status == IDLE and not session.get("owedInputs")
         )
 
 

@@ -17,9 +17,11 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from services.runner.events import COMPACTING, IDLE, RUNNING
+
 CANCELLED_STOP = "cancelled"
 # What the live region says while the session is busy.
-BUSY_WORDS = {"running": "running…", "compacting": "compacting the context…"}
+BUSY_WORDS = {RUNNING: "running…", COMPACTING: "compacting the context…"}
 
 
 # ------------------------------------------------------------------ SSE
@@ -237,7 +239,7 @@ class ChatView:
         self._pending: dict[str, _Partial] = {}
         self._committed: set[str] = set()
         self._tool_names: dict[str, str] = {}
-        self._status = "idle"
+        self._status: str = IDLE
         self._connection = ""
 
     # Facts -------------------------------------------------------------
@@ -308,7 +310,7 @@ class ChatView:
 
     def status(self, state: str) -> None:
         self._status = state
-        if state == "idle":
+        if state == IDLE:
             # Nothing is in flight: a partial left now will never commit.
             self._pending.clear()
         self._refresh()
@@ -350,7 +352,7 @@ class ChatView:
         busy = BUSY_WORDS.get(self._status)
         if busy:
             # Compacting holds the queue for a while: say so plainly.
-            footer.append(busy, style="bold green" if self._status == "compacting" else "dim")
+            footer.append(busy, style="bold green" if self._status == COMPACTING else "dim")
         if self._connection:
             footer.append(f"{' · ' if busy else ''}{self._connection}", style="dim")
         if footer:

@@ -63,6 +63,7 @@ from services.ledger.facts import (
 )
 from services.runner import metrics as runner_metrics
 from services.runner import transcript as T
+from services.runner.events import SessionState
 from services.runner.fact_fit import fit_fact
 from services.runner.hub import Partial, PartialHub, StatusChange
 
@@ -240,8 +241,8 @@ class Attempt:
         self.services.hub.committed(self.session_id, self.epoch, appended.seq)
         return appended.seq
 
-    def status(self, state: str) -> None:
-        self.services.hub.publish(self.session_id, StatusChange(state, self.epoch))  # type: ignore[arg-type]
+    def status(self, state: SessionState) -> None:
+        self.services.hub.publish(self.session_id, StatusChange(state, self.epoch))
 
     def boundary(self, point: str) -> None:
         """A commit boundary: crash tests stop here, handoffs end here."""

@@ -8,12 +8,22 @@ from __future__ import annotations
 
 from keel.runner.v1 import runner_pb2 as pb
 from kernel.domain import DrainMode
-from services.runner.events import Committed, Partial, ReplayEnd, State, StatusChange, WatchEvent
+from services.runner.events import (
+    COMPACTING,
+    IDLE,
+    RUNNING,
+    Committed,
+    Partial,
+    ReplayEnd,
+    SessionState,
+    StatusChange,
+    WatchEvent,
+)
 
-_STATE_TO_PB: dict[State, pb.SessionState.ValueType] = {
-    "idle": pb.SESSION_STATE_IDLE,
-    "running": pb.SESSION_STATE_RUNNING,
-    "compacting": pb.SESSION_STATE_COMPACTING,
+_STATE_TO_PB: dict[SessionState, pb.SessionState.ValueType] = {
+    IDLE: pb.SESSION_STATE_IDLE,
+    RUNNING: pb.SESSION_STATE_RUNNING,
+    COMPACTING: pb.SESSION_STATE_COMPACTING,
 }
 _STATE_FROM_PB = {number: name for name, number in _STATE_TO_PB.items()}
 # The modes of Runtime.drain_mode.
@@ -65,7 +75,7 @@ def watch_event_from_pb(message: pb.WatchSessionResponse) -> WatchEvent | None:
             tool_name=delta.tool_name,
         )
     if kind == "status":
-        return StatusChange(_STATE_FROM_PB.get(message.status.state, "idle"), message.status.epoch)
+        return StatusChange(_STATE_FROM_PB.get(message.status.state, IDLE), message.status.epoch)
     if kind == "replay_end":
         end = message.replay_end
         # Absent from an older runner, which sends no `Committed` marks.

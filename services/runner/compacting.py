@@ -46,6 +46,7 @@ from services.common.config import Settings
 from services.common.errors import KeelError, ServiceUnavailable
 from services.ledger.facts import COMPACTION, COMPACTION_FAILED, CommittedFact
 from services.runner.attempt import Attempt, Fenced
+from services.runner.events import COMPACTING, RUNNING
 
 log = logging.getLogger("keel.runner.compaction")
 
@@ -119,14 +120,14 @@ class ServiceCompaction:
             plan.context_tokens,
             plan.limit,
         )
-        attempt.status("compacting")
+        attempt.status(COMPACTING)
         try:
             with tracing.span(
                 "keel.compaction", attempt.trace_attributes, {"keel.compaction.reason": reason}
             ):
                 result, failure = await self._compact(attempt, reason)
         finally:
-            attempt.status("running")
+            attempt.status(RUNNING)
 
         if result is not None:
             if result.compacted:

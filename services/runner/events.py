@@ -10,9 +10,17 @@ how `Committed` and `ReplayEnd` are used.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Final, Literal, TypeAlias
 
-State: TypeAlias = Literal["idle", "running", "compacting"]
+# What a session's attempt is doing, as its runner reports it (the wire's
+# `SessionState`): nothing (no attempt, or one that has finished), running a
+# turn, or compacting the context. The edge adds the states only it can tell
+# (`edge.session_status`).
+SessionState: TypeAlias = Literal["idle", "running", "compacting"]
+IDLE: Final = "idle"
+RUNNING: Final = "running"
+COMPACTING: Final = "compacting"
+SESSION_STATES: Final[tuple[SessionState, ...]] = (IDLE, RUNNING, COMPACTING)
 Channel: TypeAlias = Literal["text", "thinking", "tool_call"]
 
 
@@ -30,7 +38,7 @@ class Partial:
 
 @dataclass(frozen=True)
 class StatusChange:
-    state: State
+    state: SessionState
     epoch: int
 
 

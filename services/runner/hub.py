@@ -40,11 +40,12 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator
 
 from services.runner.events import (
+    RUNNING,
     Committed,
     HubEvent,
     Partial,
     ReplayEnd,
-    State,
+    SessionState,
     StatusChange,
     WatchEvent,
 )
@@ -63,7 +64,7 @@ __all__ = [
     "Partial",
     "PartialHub",
     "ReplayEnd",
-    "State",
+    "SessionState",
     "StatusChange",
     "WatchEvent",
 ]
@@ -104,7 +105,7 @@ class AttemptLog:
         # The highest seq marked (see `PartialHub.committed`).
         self.committed = 0
         self.ended = False
-        self.last_state: State = "running"
+        self.last_state: SessionState = RUNNING
         self.expires_at = 0.0
         self._changed: asyncio.Future[None] | None = None
 

@@ -65,6 +65,7 @@ from services.runner.drain import (
     Running,
     cancel_and_wait,
 )
+from services.runner.events import IDLE, RUNNING
 from services.runner.factcache import FactCache, SessionHistory
 from services.runner.hub import PartialHub
 from services.runner.intake import Intake
@@ -377,7 +378,7 @@ class Runtime:
                     self.kernel, lease, self.runtime_id, self.settings.lease_ms, on_lost
                 )
             )
-        attempt.status("running")
+        attempt.status(RUNNING)
         try:
             await drive(attempt)
         except asyncio.CancelledError:
@@ -433,7 +434,7 @@ class Runtime:
         log.debug("finished %s epoch %d: %s", lease.session_id, lease.epoch, finished)
         if finished is not None and finished.sticky_until_ms:
             self.intake.sticky.keep(lease, finished.sticky_until_ms)
-            attempt.status("idle")
+            attempt.status(IDLE)
         return finished is not None and finished.continued
 
     async def _hand_back(self, attempt: Attempt) -> None:
