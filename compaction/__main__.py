@@ -1,12 +1,11 @@
-"""`python -m compaction …`: the same command as `keel compaction …`, with the
-same start-up checks (internal credentials, private files)."""
+"""`python -m compaction …`: the compaction service alone, started as `keel compaction …`
+starts it (the same options and start-up checks: internal credentials,
+private files, free ports), without loading the rest of the CLI."""
 
 from __future__ import annotations
 
-import sys
-
-from services.cli.main import main
+from compaction.command import compaction
+from services.service_start import run_alone
 
 if __name__ == "__main__":
-    sys.argv[1:1] = ["compaction"]
-    main()
+    run_alone(compaction, "python -m compaction")

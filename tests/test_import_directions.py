@@ -1,10 +1,10 @@
 """The parts of Keel are layered: a part imports only the parts below it.
 
-Bottom to top: the generated contracts, what every service shares, blobs,
-the ledger, the kernel (which reads the ledger), the pure compaction policy,
-`agent_io` (model providers and tools, which use the policy's token
-estimates), the compaction service, the runner, the edge, the `keel` CLI,
-and the benchmarks and tests on top. The shipped client and tool-server
+Bottom to top: the generated contracts, what every service shares, how a
+service process starts, blobs, the ledger, the kernel (which reads the
+ledger), the pure compaction policy, `agent_io` (model providers and tools,
+which use the policy's token estimates), the compaction service, the runner,
+the edge, the `keel` CLI, and the benchmarks and tests on top. The shipped client and tool-server
 packages stand alone: they import only the contracts, and only the
 benchmarks and tests import them.
 
@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("contracts", ("keel",)),
     ("common", ("services.common",)),
+    ("service start", ("services.service_start",)),
     ("session invariants", ("services.session_invariants",)),
     ("blobs", ("services.blobs", "services.blob_parts")),
     ("ledger", ("services.ledger",)),
@@ -62,10 +63,6 @@ INTENDED_UPWARD: dict[tuple[str, str], str] = {
         "`keel bench …` is a sub-command of `keel`: main.py mounts bench's typer "
         "app with one line; every benchmark and its options live in bench"
     ),
-    # Until each service starts itself: these run `keel <service>`.
-    ("services.ledger.__main__", "services.cli.main"): "python -m services.ledger",
-    ("services.runner.__main__", "services.cli.main"): "python -m services.runner",
-    ("compaction.__main__", "services.cli.main"): "python -m compaction",
 }
 
 PARTS: dict[str, tuple[str, ...]] = {**dict(LAYERS), **ALONE}

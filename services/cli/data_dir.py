@@ -31,8 +31,6 @@ from pathlib import Path
 from services.common.config import Settings
 from services.common.internal_auth import MIN_TOKEN_CHARS, InternalAuthError
 
-PRIVATE_UMASK = 0o077
-PRIVATE_DIR_MODE = 0o700
 TOKEN_FILE = "internal-token"
 LOCK_FILE = "keel-up.lock"
 DEV_KEY_FILE = "dev-key"
@@ -48,14 +46,6 @@ class DataDirInUse(Exception):
             f"{data_dir} is in use by another keel up ({holder}): stop it, "
             "or give this one another --data-dir"
         )
-
-
-def close_data_dir(data_dir: Path) -> None:
-    """Makes an existing data dir 0700 (one made under a looser umask, or by
-    an older Keel); a missing one is left to be created under umask 077."""
-    with contextlib.suppress(FileNotFoundError):
-        if data_dir.is_dir() and stat.S_IMODE(data_dir.stat().st_mode) != PRIVATE_DIR_MODE:
-            data_dir.chmod(PRIVATE_DIR_MODE)
 
 
 def _read_token(path: Path) -> str:

@@ -16,18 +16,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from services.common import settings_registry as registry
 from services.common.setting import read_text
 
+# Every command's way out; defined with the service start-up, which uses them too.
+from services.service_start import USAGE_EXIT as USAGE_EXIT
+from services.service_start import fail as fail
+
 DISCOVERY_FILE = "keel-up.json"
 DEFAULT_URL = "http://127.0.0.1:8080"
 NO_KEY = "keel: no API key: pass --key or set KEEL_API_KEY"
-# Exit code of a usage error (as typer/click use): the command never ran.
-USAGE_EXIT = 2
 
 
 def default_data_dir() -> Path:
@@ -85,12 +86,6 @@ def resolve_url(url: str | None = None, data_dir: Path | None = None) -> str:
         or DEFAULT_URL
     )
     return found.rstrip("/")
-
-
-def fail(message: str, code: int = 1) -> NoReturn:
-    """Ends the command with one line on stderr: no traceback for users."""
-    print(message, file=sys.stderr, flush=True)
-    raise SystemExit(code)
 
 
 def require_key(key: str | None = None) -> str:

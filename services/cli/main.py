@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import os
-import signal
 import sys
-from collections.abc import Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,18 +21,30 @@ from typing import Annotated, Any
 import typer
 
 from bench.cli import bench_app
+from compaction.command import compaction as compaction_command
 from services.cli.admin import Edge, keys_app, loadout_app, tenants_app
 from services.cli.config_command import show_config
-from services.cli.data_dir import PRIVATE_UMASK
 from services.cli.discovery import USAGE_EXIT, discovery_path, fail, require_key, resolve_url
-from services.cli.up_ports import NamedPort, PortUnavailable, check_ports, first_unavailable
-from services.common import event_loop, telemetry
+from services.common import event_loop
 from services.common import settings_registry as registry
-from services.common.config import Settings
 from services.common.heap import settle_heap
-from services.common.metrics_endpoint import MetricsEndpoint
-from services.common.runtime_records import split_host_port
-from services.common.setting import read_int, read_text
+from services.common.setting import read_text
+from services.ledger.command import ledger as ledger_command
+from services.runner.command import runner as runner_command
+from services.service_start import (
+    PRIVATE_UMASK,
+    Address,
+    DatabaseUrl,
+    MetricsPort,
+    NamedPort,
+    PortUnavailable,
+    address_port,
+    check_ports,
+    configure_telemetry,
+    serve,
+    service_settings,
+    settings_from_env,
+)
 
 app = typer.Typer(
     name="keel",
@@ -49,155 +58,14 @@ app.add_typer(tenants_app, name="tenants")
 app.add_typer(keys_app, name="keys")
 app.command("config")(show_config)
 
-DatabaseUrl = Annotated[
-    str | None,
-    typer.Option("--database-url", envvar="KEEL_DATABASE_URL", help="PostgreSQL URL"),
-]
-Address = Annotated[str, typer.Option("--address", help="host:port to listen on")]
 GrpcPort = Annotated[
     int,
     typer.Option("--grpc-port", min=0, help="port of the public gRPC API (0: any free port)"),
 ]
-MetricsPort = Annotated[
-    int | None,
-    typer.Option(
-        "--metrics-port",
-        min=1,
-        max=65535,
-        envvar="KEEL_METRICS_PORT",
-        help="serve this process's Prometheus metrics on this port (off unless set; "
-        "host: KEEL_METRICS_HOST, default 127.0.0.1)",
-    ),
-]
 
 
-def _settings(database_url: str | None = None) -> Settings:
-    try:
-        settings = Settings.from_env()
-    except ValueError as error:
-        fail(f"keel: {error}", USAGE_EXIT)
-    if database_url is not None:
-        settings = settings.with_overrides(database_url=database_url)
-    return settings
-
-
-def _service_settings(service: str, database_url: str | None) -> Settings:
-    """Settings for `keel <service>`, which will not start open: without an
-    internal token or mutual TLS it ends with exit code 2 and one line."""
-    from services.cli.data_dir import close_data_dir
-    from services.common.internal_auth import InternalAuthError, require_internal_auth
-
-    settings = _settings(database_url)
-    try:
-        require_internal_auth(settings)
-    except InternalAuthError as error:
-        fail(f"keel {service}: {error}", USAGE_EXIT)
-    close_data_dir(Path(settings.data_dir))
-    return settings
-
-
-async def _until_signalled(main: Coroutine[Any, Any, None]) -> None:
-    """Runs `main`; SIGTERM or SIGINT cancels it, so its clean-up runs and
-    the process exits 0 (a service that handles the signals itself, as the
-    runner and the edge do, replaces these handlers with its own)."""
-    task = asyncio.ensure_future(main)
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, task.cancel)
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
-# Each service's instruments, primed (counters at 0) once the meter provider
-# is set; a runner embeds a compaction service, `keel up` runs them all.
-_METRICS_MODULES = {
-    "ledger": ("services.ledger.metrics",),
-    "kernel": ("kernel.metrics",),
-    "runner": ("services.runner.metrics", "compaction.metrics"),
-    "compaction": ("compaction.metrics",),
-    "edge": ("edge.metrics",),
-}
-_METRICS_MODULES["up"] = tuple(m for ms in _METRICS_MODULES.values() for m in ms)
-
-
-def _metrics_endpoint(port: int | None, always_recorded: bool) -> MetricsEndpoint | None:
-    if port is None and not always_recorded:
-        return None
-    host = read_text(os.environ, registry.KEEL_METRICS_HOST)
-    return MetricsEndpoint(host, port)
-
-
-def _configure_telemetry(
-    command: str,
-    service: str,
-    settings: Settings,
-    metrics_port: int | None,
-    *,
-    always_recorded: bool = False,
-) -> None:
-    """Telemetry of this process; a metrics port that cannot be bound ends it
-    with one line, before the service starts. `always_recorded`: the
-    process's metrics are recorded (for the edge's /metrics) without a port too."""
-    try:
-        telemetry.configure(service, settings, _metrics_endpoint(metrics_port, always_recorded))
-    except OSError as error:
-        fail(f"keel {command}: cannot serve metrics on port {metrics_port}: {error}", USAGE_EXIT)
-    for module in _METRICS_MODULES.get(service, ()):
-        importlib.import_module(module).prime()
-
-
-def _serve(
-    service: str,
-    settings: Settings,
-    main: Coroutine[Any, Any, None],
-    metrics_port: int | None = None,
-    ports: Sequence[NamedPort] = (),
-) -> None:
-    """Runs one service; `ports` (what it listens on) are checked first,
-    and again if it fails to start, so a busy one is told in one line."""
-    try:
-        check_ports(ports)
-        _configure_telemetry(service, service, settings, metrics_port)
-    except PortUnavailable as error:
-        main.close()
-        fail(f"keel {service}: {error}")
-    except BaseException:
-        main.close()  # never started: no "never awaited" warning on the way out
-        raise
-    settle_heap()
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            event_loop.run(_until_signalled(main), runs_attempts=service == "runner")
-    except (OSError, RuntimeError):
-        # A port taken since the check (gRPC says RuntimeError).
-        unavailable = first_unavailable(ports)
-        if unavailable is None:
-            raise
-        fail(f"keel {service}: {unavailable}")
-
-
-def _address_port(address: str, use: str) -> list[NamedPort]:
-    """The port of `--address host:port` to check (none for port 0 or a bad address,
-    which the service reports itself)."""
-    try:
-        host, port = split_host_port(address)
-    except ValueError:
-        return []
-    return [NamedPort(host, port, use, "--address")] if port else []
-
-
-@app.command()
-def ledger(
-    address: Address = "127.0.0.1:7101",
-    database_url: DatabaseUrl = None,
-    metrics_port: MetricsPort = None,
-) -> None:
-    """Run the ledger service (session streams, the writer fence)."""
-    from services.ledger.server import run_ledger
-
-    settings = _service_settings("ledger", database_url)
-    ports = _address_port(address, "the ledger's port")
-    _serve("ledger", settings, run_ledger(settings, address), metrics_port, ports)
+# The services' own commands (also what each one's `python -m` runs).
+app.command("ledger")(ledger_command)
 
 
 @app.command()
@@ -210,66 +78,13 @@ def kernel(
     """Run the kernel service (leases, epochs, queue, admission, tenants)."""
     from kernel import run_kernel
 
-    settings = _service_settings("kernel", database_url)
-    ports = _address_port(address, "the kernel's port")
-    _serve("kernel", settings, run_kernel(settings, address, ledger), metrics_port, ports)
+    settings = service_settings("kernel", database_url)
+    ports = address_port(address, "the kernel's port")
+    serve("kernel", settings, run_kernel(settings, address, ledger), metrics_port, ports)
 
 
-@app.command()
-def runner(
-    ledger: Annotated[str, typer.Option("--ledger")] = "127.0.0.1:7101",
-    kernel: Annotated[str, typer.Option("--kernel")] = "127.0.0.1:7102",
-    address: Address = "127.0.0.1:0",
-    advertise_address: Annotated[
-        str,
-        typer.Option(
-            "--advertise-address",
-            envvar="KEEL_ADVERTISE_ADDRESS",
-            help="host[:port] others dial to reach this runner, when not --address "
-            "(required with a wildcard --address such as 0.0.0.0:7105)",
-        ),
-    ] = "",
-    database_url: DatabaseUrl = None,
-    metrics_port: MetricsPort = None,
-) -> None:
-    """Run a runner (claim loop, model providers, tools) with its compaction service.
-
-    It exits 0 once drained (`keel drain`): a runner is replaced, never revived."""
-    from services.runner.config import RunnerConfig
-    from services.runner.server import check_addresses, run_runner
-
-    settings = _service_settings("runner", database_url)
-    try:
-        config = RunnerConfig.from_env(ledger, kernel)
-        config = replace(config, advertise_address=advertise_address)
-        check_addresses(address, advertise_address)
-    except ValueError as error:
-        fail(f"keel runner: {error}", USAGE_EXIT)
-    ports = _address_port(address, "the runner's port")
-    _serve("runner", settings, run_runner(settings, config, address), metrics_port, ports)
-
-
-@app.command()
-def compaction(
-    ledger: Annotated[str, typer.Option("--ledger")] = "127.0.0.1:7101",
-    kernel: Annotated[str, typer.Option("--kernel")] = "127.0.0.1:7102",
-    address: Address = "127.0.0.1:7103",
-    database_url: DatabaseUrl = None,
-    metrics_port: MetricsPort = None,
-) -> None:
-    """Run the compaction service alone (runners embed one unless told otherwise)."""
-    from compaction.server import run_compaction
-
-    settings = _service_settings("compaction", database_url)
-    # The window assumed for a loadout that names none, as the runners do.
-    window = read_int(os.environ, registry.KEEL_CONTEXT_WINDOW)
-    _serve(
-        "compaction",
-        settings,
-        run_compaction(settings, address, ledger, kernel, default_context_window=window),
-        metrics_port,
-        _address_port(address, "the compaction service's port"),
-    )
+app.command("runner")(runner_command)
+app.command("compaction")(compaction_command)
 
 
 @app.command()
@@ -290,7 +105,7 @@ def edge(
     from edge.server import run_edge
     from services.runner.config import drain_deadline_ms
 
-    settings = _service_settings("edge", database_url)
+    settings = service_settings("edge", database_url)
     try:
         deadline = drain_deadline_ms()
     except ValueError as error:
@@ -301,7 +116,7 @@ def edge(
         NamedPort(host, grpc_port, "the gRPC port", "--grpc-port"),
     ]
     ports = [p for p in ports if p.port]
-    _serve("edge", settings, run_edge(settings, config, host, http_port), metrics_port, ports)
+    serve("edge", settings, run_edge(settings, config, host, http_port), metrics_port, ports)
 
 
 @app.command()
@@ -399,7 +214,7 @@ def up(
         chosen_model = model_from_flag(model) if model else None
     except ModelChoiceError as error:
         fail(f"keel: {error}", USAGE_EXIT)
-    settings = data_dir_settings(_settings(database_url), data_dir)
+    settings = data_dir_settings(settings_from_env(database_url), data_dir)
     if processes is None:
         processes = default_processes(settings)
     try:
@@ -444,9 +259,9 @@ def up(
     # process's metrics are recorded even without a port: the edge's
     # /metrics serves them all.
     if processes:
-        _configure_telemetry("up", "up", settings, None)
+        configure_telemetry("up", "up", settings, None)
     else:
-        _configure_telemetry("up", "up", settings, metrics_port, always_recorded=True)
+        configure_telemetry("up", "up", settings, metrics_port, always_recorded=True)
     main_coro = (
         Supervisor(settings, options, metrics_port).run()
         if processes
@@ -571,7 +386,7 @@ def _drain_local(
 
     folder = data_dir if data_dir is not None else default_data_dir()
     try:
-        settings = local_settings(_settings().with_overrides(data_dir=folder))
+        settings = local_settings(settings_from_env().with_overrides(data_dir=folder))
     except (InternalAuthError, OSError) as error:
         fail(f"keel drain --local: {error}")
     request = LocalDrain(mode, deadline_ms, folder, undo, runtime_id)

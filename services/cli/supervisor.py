@@ -48,9 +48,6 @@ from services.cli.up import (
 )
 from services.cli.up_ports import (
     INTERNAL_HOST,
-    NamedPort,
-    PortUnavailable,
-    first_unavailable,
     free_port,
     internal_ports,
     metrics_host,
@@ -59,6 +56,7 @@ from services.cli.up_ports import (
 from services.common.config import Settings
 from services.common.internal_auth import TOKEN_ENV
 from services.common.metrics_endpoint import METRICS_HOST_ENV, METRICS_PORT_ENV
+from services.service_start import NamedPort, PortUnavailable, first_unavailable
 
 
 def replica_refusal(options: UpOptions, settings: Settings) -> str | None:

@@ -36,15 +36,13 @@ from compaction.server import CompactionServer
 from edge.gateway import EdgeConfig
 from kernel import KernelClient, KernelServer
 from kernel.errors import ApiKeyExists, InvalidApiKey
-from services.cli.data_dir import close_data_dir, store_dev_key, stored_dev_key
+from services.cli.data_dir import store_dev_key, stored_dev_key
 from services.cli.discovery import remove_discovery, write_discovery
 from services.cli.embedded_runtimes import EmbeddedEdge, EmbeddedRunners
 from services.cli.up_ports import (
     HIGHEST_PORT,
     INTERNAL_HOST,
-    NamedPort,
     PortPlanError,
-    first_unavailable,
     internal_ports,
     planned_ports,
     service_names,
@@ -53,6 +51,7 @@ from services.common.config import Settings
 from services.common.secrets import SecretPolicy
 from services.ledger import LedgerServer
 from services.runner.config import RunnerConfig
+from services.service_start import NamedPort, close_data_dir, first_unavailable
 
 DEFAULT_TENANT = "default"
 # `--model provider:name`: where each provider's key (and, for a compatible

@@ -19,42 +19,18 @@ free ports.
 
 from __future__ import annotations
 
-import errno
 import os
 import random
 import socket
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from services.common import settings_registry as registry
 from services.common.setting import read_text
+from services.service_start import NamedPort, unavailable_reason
 
 INTERNAL_HOST = "127.0.0.1"
 HIGHEST_PORT = 65535
-
-
-@dataclass(frozen=True)
-class NamedPort:
-    """A port `keel up` will listen on, and what for (for the one line)."""
-
-    host: str
-    port: int
-    # "the HTTP port", "the internal gRPC port of kernel", …
-    use: str
-    # The flag that chooses it, for the hint.
-    flag: str
-
-
-class PortUnavailable(Exception):
-    """A port `keel up` needs cannot be listened on (its message is the line to show)."""
-
-    def __init__(self, named: NamedPort, reason: str) -> None:
-        self.named = named
-        super().__init__(
-            f"port {named.port} ({named.use}) {reason}: stop what listens there "
-            f"or choose another with {named.flag}"
-        )
 
 
 class PortPlanError(ValueError):
@@ -135,47 +111,6 @@ def _refuse_shared(ports: Iterable[NamedPort]) -> None:
             )
 
 
-def _unavailable_reason(host: str, port: int) -> str | None:
-    """Why nothing can listen on host:port now, or None when it can.
-
-    The test binds as the servers do (SO_REUSEADDR: a port left in TIME_WAIT
-    by an earlier run is free) and listens: only a listener there refuses."""
-    bind_host = host.strip("[]") or None
-    try:
-        infos = socket.getaddrinfo(
-            bind_host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    except socket.gaierror as error:
-        return f"cannot be listened on at {host!r}: {error.strerror}"
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-            probe.listen(1)
-        except OSError as error:
-            if error.errno == errno.EADDRINUSE:
-                return "is in use"
-            return f"cannot be listened on at {host or '*'}: {error.strerror}"
-    return None
-
-
-def first_unavailable(ports: Iterable[NamedPort]) -> PortUnavailable | None:
-    """The first of `ports` nothing could listen on now, as the error to raise."""
-    for named in ports:
-        reason = _unavailable_reason(named.host, named.port)
-        if reason is not None:
-            return PortUnavailable(named, reason)
-    return None
-
-
-def check_ports(ports: Iterable[NamedPort]) -> None:
-    """Raises PortUnavailable for the first port that cannot be listened on."""
-    unavailable = first_unavailable(ports)
-    if unavailable is not None:
-        raise unavailable
-
-
 # How many ports below the kernel's ephemeral range free_port draws from.
 _FREE_SPAN = 10_000
 _FREE_TRIES = 100
@@ -200,7 +135,7 @@ def free_port() -> int:
     for _ in range(_FREE_TRIES):
         port = _chooser.choice(span)
         # Not one this process handed out already: its service may not listen yet.
-        if port not in _given and _unavailable_reason(INTERNAL_HOST, port) is None:
+        if port not in _given and unavailable_reason(INTERNAL_HOST, port) is None:
             _given.add(port)
             return port
     with socket.socket() as probe:  # that range is full: what the kernel gives

@@ -1,12 +1,11 @@
-"""`python -m services.ledger …`: the same command as `keel ledger …`, with the
-same start-up checks (internal credentials, private files)."""
+"""`python -m services.ledger …`: the ledger service alone, started as `keel ledger …`
+starts it (the same options and start-up checks: internal credentials,
+private files, free ports), without loading the rest of the CLI."""
 
 from __future__ import annotations
 
-import sys
-
-from services.cli.main import main
+from services.ledger.command import ledger
+from services.service_start import run_alone
 
 if __name__ == "__main__":
-    sys.argv[1:1] = ["ledger"]
-    main()
+    run_alone(ledger, "python -m services.ledger")
