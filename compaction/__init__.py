@@ -6,7 +6,10 @@ ledger; nothing is edited or deleted, and every request can be rebuilt from
 the ledger exactly as it was presented.
 
 Modules (this package imports none of them, so the pure policy can be used
-without gRPC, a database or a model):
+without gRPC, a database or a model). In the layer contract
+(tests/test_import_directions.py) `compaction.policy` is a part of its own,
+below `agent_io`, whose providers count tokens with it; the rest of this
+package is above `agent_io`:
 
     compaction.policy       pure decision logic: when to compact, where to cut,
                             what to summarize, what a request presents
