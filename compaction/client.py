@@ -1,6 +1,6 @@
 """`CompactionClient`: the typed async client runners and the edge use.
 
-Errors come back as the compaction service's own classes (`StaleEpoch`,
+Errors come back as the compaction service's own classes (`CompactionFenced`,
 `SummaryFailed`, `SessionNotFound`, …; see `compaction.errors`), so callers
 never inspect status codes. An unreachable service raises
 `services.common.errors.ServiceUnavailable`.
@@ -115,7 +115,7 @@ class CompactionClient:
         instructions: str = "",
         watermark: int = 0,
     ) -> CompactResult:
-        """Summarizes and commits under `epoch` (raises StaleEpoch when a newer
+        """Summarizes and commits under `epoch` (raises CompactionFenced when a newer
         attempt owns the session). `reason`: threshold, overflow or manual.
         `watermark`: the caller's, when its epoch's epoch_started is an
         earlier turn's (a woken sticky session); 0 leaves it to that fact."""

@@ -4,11 +4,11 @@
      ├── InvalidArgument       INVALID_ARGUMENT     INVALID_ARGUMENT
      │    └── SeqOutOfRange    OUT_OF_RANGE         SEQ_OUT_OF_RANGE
      ├── SessionNotFound       NOT_FOUND            SESSION_NOT_FOUND
-     ├── StaleEpoch            FAILED_PRECONDITION  STALE_EPOCH
+     ├── CompactionFenced      FAILED_PRECONDITION  STALE_EPOCH
      ├── BadLoadout            FAILED_PRECONDITION  BAD_LOADOUT
      └── SummaryFailed         UNAVAILABLE          SUMMARY_FAILED
 
-`StaleEpoch` means the caller's epoch is not the session's current fence: a
+`CompactionFenced` means the caller's epoch is not the session's current fence: a
 newer attempt owns the session and the caller must stop (the ledger refused,
 or would refuse, the compaction fact). `SummaryFailed` means the summarizing
 model gave no usable summary; nothing was committed and the caller decides
@@ -49,7 +49,7 @@ class SessionNotFound(CompactionError):
     reason = "SESSION_NOT_FOUND"
 
 
-class StaleEpoch(CompactionError):
+class CompactionFenced(CompactionError):
     """The caller's epoch is not the session's current one."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION

@@ -34,10 +34,10 @@ from agent_io.providers import Provider, provider_from_loadout
 from compaction import metrics as compaction_metrics
 from compaction.errors import (
     BadLoadout,
+    CompactionFenced,
     InvalidArgument,
     SeqOutOfRange,
     SessionNotFound,
-    StaleEpoch,
 )
 from compaction.policy import (
     CompactionSettings,
@@ -69,9 +69,8 @@ from services.blobs import blob_store
 from services.common.config import Settings
 from services.common.errors import unary_errors
 from services.common.secrets import SecretPolicy
-from services.ledger import LedgerClient
+from services.ledger import LedgerClient, StaleEpoch
 from services.ledger import SessionNotFound as LedgerSessionNotFound
-from services.ledger import StaleEpoch as LedgerStaleEpoch
 from services.ledger.errors import InvalidId
 from services.ledger.facts import (
     ASSISTANT,
@@ -367,8 +366,8 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
             data["watermark"] = request.watermark
         try:
             appended = await self._ledger.append_one(session_id, COMPACTION, data, request.epoch)
-        except LedgerStaleEpoch as error:
-            raise StaleEpoch(
+        except StaleEpoch as error:
+            raise CompactionFenced(
                 f"the compaction was not committed: {error.message}",
                 epoch=str(request.epoch),
             ) from None
@@ -438,7 +437,7 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
     @staticmethod
     def _check_epoch(epoch: int, fence: int) -> None:
         if epoch != fence:
-            raise StaleEpoch(
+            raise CompactionFenced(
                 f"epoch {epoch} is not the session's current epoch {fence}; "
                 "a newer attempt owns the session",
                 epoch=str(epoch),

@@ -1,6 +1,6 @@
 """`KernelClient`: the typed async client runners and the edge use.
 
-Errors come back as the kernel's own exception classes (`StaleEpoch`,
+Errors come back as the kernel's own exception classes (`EpochSuperseded`,
 `LeaseLost`, `UnknownTenant`, …), so callers never inspect status codes.
 """
 

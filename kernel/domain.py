@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from kernel.errors import InvalidArgument, LeaseLost, StaleEpoch
+from kernel.errors import EpochSuperseded, InvalidArgument, LeaseLost
 
 # Re-exported: callers of `finish` name the failure kind and the policy here.
 from kernel.retries import FailureKind as FailureKind
@@ -317,7 +317,7 @@ def check_holder(record: SessionRecord, epoch: int, runtime_id: str, now_ms: int
     if record.epoch == 0:
         raise LeaseLost(f"session {record.session_id!r} was never leased", state=record.state)
     if epoch != record.epoch:
-        raise StaleEpoch(
+        raise EpochSuperseded(
             f"epoch {epoch} of session {record.session_id!r} is stale "
             f"(current epoch {record.epoch})",
             current_epoch=str(record.epoch),

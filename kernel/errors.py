@@ -9,13 +9,13 @@
      ├── UnknownRuntime        NOT_FOUND            UNKNOWN_RUNTIME
      ├── LoadoutNotFound       NOT_FOUND            LOADOUT_NOT_FOUND
      ├── ApiKeyNotFound        NOT_FOUND            API_KEY_NOT_FOUND
-     ├── StaleEpoch            FAILED_PRECONDITION  STALE_EPOCH
+     ├── EpochSuperseded       FAILED_PRECONDITION  STALE_EPOCH
      ├── LeaseLost             FAILED_PRECONDITION  LEASE_LOST
      ├── RevisionMismatch      FAILED_PRECONDITION  REVISION_MISMATCH
      ├── ApiKeyExists          ALREADY_EXISTS       API_KEY_EXISTS
      └── InvalidApiKey         UNAUTHENTICATED      INVALID_API_KEY
 
-`StaleEpoch` means the caller's epoch is not the session's current one (a
+`EpochSuperseded` means the caller's epoch is not the session's current one (a
 successor claimed it); `LeaseLost` means the epoch is current but the lease
 is no longer the caller's to use (expired, released, finished, or never
 issued). Either way the caller must stop working on the session. Metadata
@@ -93,7 +93,7 @@ class ApiKeyNotFound(KernelError):
     reason = "API_KEY_NOT_FOUND"
 
 
-class StaleEpoch(KernelError):
+class EpochSuperseded(KernelError):
     """The session was claimed again since this epoch was issued."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION

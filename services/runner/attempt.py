@@ -44,8 +44,7 @@ from agent_io.providers import (
 )
 from agent_io.tools import ToolCall, ToolOutcome, ToolRegistry, idempotency_key
 from compaction.policy import ContextEntry, MessageEntry
-from kernel import KernelClient, Lease, LeaseLost
-from kernel import StaleEpoch as KernelStaleEpoch
+from kernel import EpochSuperseded, KernelClient, Lease, LeaseLost
 from services.blob_parts import BlobContent
 from services.common import faults, tracing
 from services.common.config import DEFAULT_MAX_FACT_BYTES
@@ -522,7 +521,7 @@ async def renew_until_lost(
         await asyncio.sleep(interval)
         try:
             await kernel.renew(lease.session_id, lease.epoch, runtime_id)
-        except (LeaseLost, KernelStaleEpoch):
+        except (LeaseLost, EpochSuperseded):
             log.warning("lease of %s lost", lease.session_id)
             on_lost()
             return

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 from agent_io.providers import ProviderError
 from compaction.client import CompactionClient, CompactResult
-from compaction.errors import StaleEpoch
+from compaction.errors import CompactionFenced
 from compaction.policy import (
     compaction_suspended,
     plan_compaction,
@@ -156,7 +156,7 @@ class ServiceCompaction:
                 attempt.session_id, attempt.epoch, reason, watermark=watermark
             )
             return compacted, None
-        except StaleEpoch as stale:
+        except CompactionFenced as stale:
             raise Fenced(str(stale)) from None
         except ServiceUnavailable as unreachable:
             log.warning("session %s: %s", attempt.session_id, unreachable.message)

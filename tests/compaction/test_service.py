@@ -26,10 +26,10 @@ from agent_io.providers import (
 from agent_io.providers.scripted import long_text
 from compaction.client import CompactionClient
 from compaction.errors import (
+    CompactionFenced,
     InvalidArgument,
     SeqOutOfRange,
     SessionNotFound,
-    StaleEpoch,
     SummaryFailed,
 )
 from compaction.policy import (
@@ -268,7 +268,7 @@ async def test_a_stale_epoch_cannot_commit(stack: Stack) -> None:
         await writer.turn(f"q{i} " + long_text(300), "ok")
     old_epoch = writer.epoch
     await writer.claim()  # a successor's epoch_started raises the fence
-    with pytest.raises(StaleEpoch) as caught:
+    with pytest.raises(CompactionFenced) as caught:
         await stack.client.compact("stale", old_epoch)
     assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert caught.value.reason == "STALE_EPOCH"
@@ -289,7 +289,7 @@ async def test_the_ledger_fences_a_compaction_overtaken_while_summarizing(
         return await summarize(*args, **kwargs)
 
     monkeypatch.setattr(compaction.service, "summarize", overtaken)
-    with pytest.raises(StaleEpoch, match="not committed"):
+    with pytest.raises(CompactionFenced, match="not committed"):
         await stack.client.compact("overtaken", writer.epoch)
     assert await compactions(stack, "overtaken") == []
 

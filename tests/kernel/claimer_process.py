@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from kernel import KernelClient, KernelConfig, KernelServer, LeaseLost, StaleEpoch
+from kernel import EpochSuperseded, KernelClient, KernelConfig, KernelServer, LeaseLost
 from services.common.config import Settings
 
 CLAIMERS = 3
@@ -35,7 +35,7 @@ async def claimer(target: str, settings: Settings, runtime_id: str, seed: str) -
             print(f"claimed {lease.session_id} {lease.epoch}", flush=True)
             try:
                 await client.renew(lease.session_id, lease.epoch, runtime_id)
-            except (LeaseLost, StaleEpoch) as error:
+            except (LeaseLost, EpochSuperseded) as error:
                 print(f"lost {lease.session_id} {lease.epoch} {error.reason}", flush=True)
                 continue
             if lease.epoch < 3 and rng.random() < 0.5:

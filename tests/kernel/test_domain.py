@@ -8,7 +8,7 @@ import pytest
 
 from kernel import domain
 from kernel.domain import ExpiredBy, FailureKind, LeaseState, RetryPolicy, SessionRecord
-from kernel.errors import InvalidArgument, LeaseLost, StaleEpoch
+from kernel.errors import EpochSuperseded, InvalidArgument, LeaseLost
 
 TTL = 1_000
 POLICY = RetryPolicy(max_attempts=3, backoff_base_ms=100, backoff_cap_ms=250)
@@ -85,7 +85,7 @@ def test_expire_due_leaves_a_live_lease_alone() -> None:
 def test_renew_extends_and_checks_the_holder() -> None:
     held = claimed(queued())
     assert domain.renew(held, 1, "r1", 500, TTL).record.expires_at_ms == 500 + TTL
-    with pytest.raises(StaleEpoch) as stale:
+    with pytest.raises(EpochSuperseded) as stale:
         domain.renew(held, 2, "r1", 500, TTL)
     assert stale.value.metadata["current_epoch"] == "1"
     with pytest.raises(LeaseLost):
@@ -99,9 +99,9 @@ def test_renew_extends_and_checks_the_holder() -> None:
 def test_a_predecessor_is_stale_after_a_takeover() -> None:
     expired = domain.expire_for_disconnect(claimed(queued()), 1).record
     successor = claimed(expired, "r2", 2)
-    with pytest.raises(StaleEpoch):
+    with pytest.raises(EpochSuperseded):
         domain.renew(successor, 1, "r1", 3, TTL)
-    with pytest.raises(StaleEpoch):
+    with pytest.raises(EpochSuperseded):
         domain.finish(successor, 1, "r1", 5, False, "", 3, POLICY)
 
 

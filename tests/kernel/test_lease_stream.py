@@ -14,12 +14,12 @@ from keel.kernel.v1 import kernel_pb2 as pb
 from keel.kernel.v1 import kernel_pb2_grpc as pb_grpc
 from kernel import (
     DEFAULT_LOADOUT,
+    EpochSuperseded,
     InvalidArgument,
     KernelClient,
     KernelServer,
     LeaseLost,
     SessionNotFound,
-    StaleEpoch,
     UnknownRuntime,
 )
 from kernel.config import KernelConfig
@@ -173,10 +173,10 @@ async def test_the_client_raises_the_same_exceptions_over_the_stream(
     await client.release("s1", lease.epoch, "r1")
     again = await client.claim("r1")
     assert again is not None and again.epoch == lease.epoch + 1
-    with pytest.raises(StaleEpoch) as stale:
+    with pytest.raises(EpochSuperseded) as stale:
         await client.renew("s1", lease.epoch, "r1")
     assert stale.value.metadata.get("current_epoch") == str(again.epoch)
-    with pytest.raises(StaleEpoch):
+    with pytest.raises(EpochSuperseded):
         await client.finish("s1", lease.epoch, "r1", read_through=1)
     with pytest.raises(UnknownRuntime):
         await client.claim("ghost")

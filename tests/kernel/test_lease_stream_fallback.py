@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
-from kernel import KernelClient, KernelServer, StaleEpoch
+from kernel import EpochSuperseded, KernelClient, KernelServer
 from kernel.servicer import KernelServicer
 from services.common import hops
 from services.common.config import Settings
@@ -48,7 +48,7 @@ async def test_lease_operations_fall_back_to_the_unary_rpcs(older_kernel: Kernel
         await client.release("s1", lease.epoch, "r1")
         again = await client.claim("r1")
         assert again is not None and again.epoch == lease.epoch + 1
-        with pytest.raises(StaleEpoch):
+        with pytest.raises(EpochSuperseded):
             await client.finish("s1", lease.epoch, "r1", read_through=1)
         result = await client.finish("s1", again.epoch, "r1", read_through=1)
         assert not result.requeued and not result.parked

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel import KernelClient, KernelServer, StaleEpoch
+from kernel import EpochSuperseded, KernelClient, KernelServer
 from services.common.config import Settings
 from services.ledger import LedgerClient, LedgerServer
 from tests.support.databases import settings_env
@@ -129,7 +129,7 @@ async def test_a_sigkilled_holder_is_taken_over_through_the_fast_path(
             assert [(rid, sorted(s)) for rid, s in server.attachments.takeovers] == [
                 ("holder", ["k1", "k2"])
             ]
-            with pytest.raises(StaleEpoch):
+            with pytest.raises(EpochSuperseded):
                 await client.renew("k1", held["k1"], "holder")
             await eventually(lambda: _detached(client, "holder"), what="holder detached")
     finally:

@@ -14,6 +14,7 @@ from keel.kernel.v1 import kernel_pb2_grpc as pb_grpc
 from kernel import (
     DEFAULT_LOADOUT,
     ApiKeyGrant,
+    EpochSuperseded,
     InvalidApiKey,
     InvalidArgument,
     KernelClient,
@@ -21,7 +22,6 @@ from kernel import (
     Lease,
     LeaseLost,
     SessionNotFound,
-    StaleEpoch,
     UnknownRuntime,
     UnknownTenant,
 )
@@ -126,7 +126,7 @@ async def test_a_closed_attachment_hands_its_leases_over_at_once(evented: Kernel
         assert attachment.closed
         taken = await asyncio.wait_for(waiting, DEADLINE_S)
         assert taken is not None and taken.reclaimed and taken.epoch == 2
-        with pytest.raises(StaleEpoch):
+        with pytest.raises(EpochSuperseded):
             await owner.renew("s1", lease.epoch, "owner")
         assert evented.metrics.totals()["expirations_disconnect"] == 1
         assert "expirations_ttl" not in evented.metrics.totals()
@@ -207,7 +207,7 @@ async def test_ttl_expiry_through_the_service_is_a_reclaim(settings: Settings) -
             assert first is not None
             second = await client.claim("r2", wait_ms=60_000)
             assert second is not None and second.reclaimed and second.epoch == 2
-            with pytest.raises(StaleEpoch):
+            with pytest.raises(EpochSuperseded):
                 await client.renew("s1", first.epoch, "r1")
     finally:
         await server.stop()
@@ -341,7 +341,7 @@ async def test_concurrent_claimers_never_share_a_session(
                     claims.append((lease.session_id, lease.epoch))
                     try:
                         await client.renew(lease.session_id, lease.epoch, runtime_id)
-                    except (LeaseLost, StaleEpoch) as error:
+                    except (LeaseLost, EpochSuperseded) as error:
                         problems.append(f"{runtime_id} lost {lease.session_id}: {error}")
                     if lease.epoch < 3 and rng.random() < 0.5:
                         await client.release(lease.session_id, lease.epoch, runtime_id)

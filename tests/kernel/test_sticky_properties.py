@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from kernel.domain import Lease, LeaseState
-from kernel.errors import LeaseLost, StaleEpoch
+from kernel.errors import EpochSuperseded, LeaseLost
 from services.common.config import Settings
 from tests.support.kernel_stores import Stores, open_stores
 
@@ -171,7 +171,7 @@ class Race:
         """Once another epoch has been issued, A's kept epoch is refused."""
         if self.leases[-1].epoch == 1:
             return
-        with pytest.raises((StaleEpoch, LeaseLost)):
+        with pytest.raises((EpochSuperseded, LeaseLost)):
             self.stores.leases.finish(self.session, 1, self.runtime(A), self.inputs)
 
 

@@ -8,12 +8,12 @@ from kernel.database import Database
 from kernel.domain import DrainMode
 from kernel.errors import (
     ApiKeyExists,
+    EpochSuperseded,
     InvalidApiKey,
     InvalidArgument,
     LeaseLost,
     LoadoutNotFound,
     SessionNotFound,
-    StaleEpoch,
     UnknownRuntime,
     UnknownTenant,
 )
@@ -67,7 +67,7 @@ def test_ttl_expiry_is_reported_as_a_reclaim(stores: Stores) -> None:
     assert successor is not None and successor.reclaimed and successor.epoch == 2
     record = stores.leases.record("s1")
     assert record is not None and record.expired_by == "ttl"
-    with pytest.raises(StaleEpoch):
+    with pytest.raises(EpochSuperseded):
         stores.leases.finish("s1", first.epoch, "r1", 1)
     assert stores.leases.metrics.totals()["expirations_ttl"] == 1
 
@@ -186,7 +186,7 @@ def test_refusals(stores: Stores) -> None:
         stores.leases.enqueue("s1", "another-tenant", 1, False)
     lease = stores.leases.claim("r1")
     assert lease is not None
-    with pytest.raises(StaleEpoch):
+    with pytest.raises(EpochSuperseded):
         stores.leases.renew("s1", lease.epoch + 1, "r1")
     with pytest.raises(LeaseLost):
         stores.leases.renew("s1", lease.epoch, "r2")

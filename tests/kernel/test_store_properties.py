@@ -26,7 +26,7 @@ from hypothesis.stateful import (
 )
 
 from kernel.domain import Lease
-from kernel.errors import KernelError, LeaseLost, StaleEpoch
+from kernel.errors import EpochSuperseded, KernelError, LeaseLost
 from services.common.config import Settings
 from tests.support.kernel_stores import Stores, open_stores
 
@@ -111,7 +111,7 @@ def lease_machine(stores: Stores) -> type[RuleBasedStateMachine]:
                 expected = self.latest.get(issued.lease.session_id) is issued
             try:
                 outcome = call(issued.lease)
-            except (StaleEpoch, LeaseLost):
+            except (EpochSuperseded, LeaseLost):
                 assert not expected, f"{op} of a valid lease was refused"
                 return
             except KernelError as error:

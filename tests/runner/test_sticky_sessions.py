@@ -13,8 +13,7 @@ import asyncio
 
 import pytest
 
-from kernel import KernelClient, LeaseLost
-from kernel import StaleEpoch as KernelStaleEpoch
+from kernel import EpochSuperseded, KernelClient, LeaseLost
 from kernel.domain import LeaseState, SessionRecord
 from kernel.store import LeaseStore
 from services.ledger import CommittedFact, StaleEpoch
@@ -182,7 +181,7 @@ async def test_a_stale_keepers_writes_are_refused_after_a_takeover(cluster: Clus
 
         with pytest.raises(StaleEpoch):
             await cluster.ledger.append_one("fenced", "assistant", answer("gen-5", [seq]), epoch)
-        with pytest.raises((KernelStaleEpoch, LeaseLost)):
+        with pytest.raises((EpochSuperseded, LeaseLost)):
             await keeper.finish("fenced", epoch, "keeper", read_through=seq)
     facts = await cluster.facts("fenced")
     assert [f.epoch for f in facts if f.kind == "assistant"] == [epoch]
