@@ -1,7 +1,9 @@
 """`keel up` without KEEL_DEV_KEY keeps its dev key in the data dir and uses
 it again on the next start: restarts leave one valid dev operator key, not
 one more each (8 starts once left 8 valid operator keys). A dev key revoked
-by its operator is replaced by a new one on the next start, never revived.
+by its operator is replaced by a new one on the next start, never revived;
+one replaced by a KEEL_DEV_KEY the operator chose is revoked, not left valid
+beside it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import pytest
 from tests.support.keel_up import keel_up
 
 pytestmark = pytest.mark.slow
+
+CHOSEN = "chosen-dev-key-0123456789abcdef"
 
 
 def valid_operator_keys(url: str, key: str) -> list[str]:
@@ -49,3 +53,16 @@ def test_restarts_keep_one_valid_dev_operator_key(tmp_path: Path) -> None:
         assert third.key != first_key
         assert len(valid_operator_keys(third.url, third.key)) == 1
         assert status_with(third.url, first_key) == 401
+
+
+def test_a_kept_dev_key_is_revoked_when_another_is_chosen(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    with keel_up(data_dir, None) as first:
+        kept = first.key
+        assert status_with(first.url, kept) == 200
+
+    with keel_up(data_dir, CHOSEN) as second:
+        assert second.key == CHOSEN
+        assert status_with(second.url, CHOSEN) == 200
+        assert status_with(second.url, kept) == 401
+        assert len(valid_operator_keys(second.url, CHOSEN)) == 1

@@ -8,6 +8,9 @@ server forgets when it restarts, and answers 404 for (or 400, as servers
 built on the TypeScript SDK do). The server is killed
 and started again on the same port between two inputs of one session; the
 second tool call succeeds on a new session, as the spec asks of a client.
+A server that is down for a while (nothing listens on its port: the
+connection is refused) fails the calls made meanwhile, as error results the
+model sees, and is used again once it is back.
 """
 
 from __future__ import annotations
@@ -89,3 +92,29 @@ async def test_a_restarted_http_server_is_used_again_in_the_same_session(
 
     after = await echo(cluster, "after the restart", "r2")
     assert (after["content"], after["isError"]) == ("after the restart", False), after
+
+
+async def test_a_call_while_the_server_is_down_fails_and_the_next_one_after_it_is_back_works(
+    cluster: Cluster, server: list[HttpMcpServer], server_options: list[str]
+) -> None:
+    tool = {"source": "mcp", "name": "files", "transport": "http", "url": server[0].url}
+    await cluster.kernel.put_loadout("default", {"tools": [tool]})
+    runner = cluster.start_runner(**cluster.settings.secrets.to_env())
+    await cluster.runner_ready(runner)
+    await cluster.new_session(SESSION)
+
+    before = await echo(cluster, "before", "d1")
+    assert (before["content"], before["isError"]) == ("before", False)
+
+    # Gone, with nothing listening on its port: the connection is refused.
+    server[0].proc.kill()
+    server[0].proc.wait()
+    down = await echo(cluster, "while down", "d2")
+    assert down["isError"] is True, down
+
+    server.insert(0, HttpMcpServer(server_options))
+    after = await echo(cluster, "after", "d3")
+    assert (after["content"], after["isError"]) == ("after", False), after
+    # Each input was answered once: the failed call did not park the session.
+    facts = await cluster.facts(SESSION)
+    assert [f.kind for f in facts].count("tool_result") == 3
