@@ -1,7 +1,7 @@
 """`CompactionClient`: the typed async client runners and the edge use.
 
 Errors come back as the compaction service's own classes (`CompactionFenced`,
-`SummaryFailed`, `SessionNotFound`, …; see `compaction.errors`), so callers
+`SummaryFailed`, `NoSessionToCompact`, …; see `compaction.errors`), so callers
 never inspect status codes. An unreachable service raises
 `services.common.errors.ServiceUnavailable`.
 """

@@ -3,7 +3,7 @@
     CompactionError            UNKNOWN              COMPACTION_ERROR
      ├── InvalidArgument       INVALID_ARGUMENT     INVALID_ARGUMENT
      │    └── SeqOutOfRange    OUT_OF_RANGE         SEQ_OUT_OF_RANGE
-     ├── SessionNotFound       NOT_FOUND            SESSION_NOT_FOUND
+     ├── NoSessionToCompact    NOT_FOUND            SESSION_NOT_FOUND
      ├── CompactionFenced      FAILED_PRECONDITION  STALE_EPOCH
      ├── BadLoadout            FAILED_PRECONDITION  BAD_LOADOUT
      └── SummaryFailed         UNAVAILABLE          SUMMARY_FAILED
@@ -44,7 +44,9 @@ class SeqOutOfRange(InvalidArgument):
     reason = "SEQ_OUT_OF_RANGE"
 
 
-class SessionNotFound(CompactionError):
+class NoSessionToCompact(CompactionError):
+    """The ledger has no session of that id."""
+
     code = grpc.StatusCode.NOT_FOUND
     reason = "SESSION_NOT_FOUND"
 

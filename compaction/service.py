@@ -36,8 +36,8 @@ from compaction.errors import (
     BadLoadout,
     CompactionFenced,
     InvalidArgument,
+    NoSessionToCompact,
     SeqOutOfRange,
-    SessionNotFound,
 )
 from compaction.policy import (
     CompactionSettings,
@@ -69,8 +69,7 @@ from services.blobs import blob_store
 from services.common.config import Settings
 from services.common.errors import unary_errors
 from services.common.secrets import SecretPolicy
-from services.ledger import LedgerClient, StaleEpoch
-from services.ledger import SessionNotFound as LedgerSessionNotFound
+from services.ledger import LedgerClient, SessionNotFound, StaleEpoch
 from services.ledger.errors import InvalidId
 from services.ledger.facts import (
     ASSISTANT,
@@ -203,8 +202,8 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
     async def _view(self, session_id: str) -> SessionView:
         try:
             return await self._ledger.get_session(session_id)
-        except LedgerSessionNotFound:
-            raise SessionNotFound(f"no session {session_id!r}", session_id=session_id) from None
+        except SessionNotFound:
+            raise NoSessionToCompact(f"no session {session_id!r}", session_id=session_id) from None
 
     async def _loadout(self, tenant_id: str, revision: int | None = None) -> Loadout:
         """The tenant's current loadout, or the given revision of it."""

@@ -6,7 +6,7 @@ with the right 4xx; a 500 is a bug::
      ├── Unauthorized        401  unauthorized
      ├── Forbidden           403  forbidden
      ├── NotFound            404  not_found
-     │    └── SessionNotFound    (ErrorInfo reason SESSION_NOT_FOUND)
+     │    └── SessionNotVisible  (ErrorInfo reason SESSION_NOT_FOUND)
      ├── MethodNotAllowed    405  method_not_allowed
      ├── Conflict            409  conflict  (request id reuse, wrong blob offset)
      ├── PreconditionFailed  412  precondition_failed  (If-Match: another revision)
@@ -111,7 +111,7 @@ class NotFound(EdgeError):
     reason = "NOT_FOUND"
 
 
-class SessionNotFound(NotFound):
+class SessionNotVisible(NotFound):
     """Not the caller's session: another tenant's is not found either."""
 
     reason = "SESSION_NOT_FOUND"
@@ -247,7 +247,7 @@ def from_service_error(error: KeelError) -> EdgeError:
 
 def _http_error_of(error: KeelError) -> EdgeError:
     if isinstance(error, ledger_errors.SessionNotFound):
-        return SessionNotFound("no such session")
+        return SessionNotVisible("no such session")
     if isinstance(error, ledger_errors.IdempotencyConflict):
         # The ledger's message quotes the requestId, which may be long.
         committed = error.metadata.get("seq")

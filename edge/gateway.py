@@ -30,7 +30,7 @@ from edge.auth import Authenticator, Caller
 from edge.errors import (
     BadRequest,
     Conflict,
-    SessionNotFound,
+    SessionNotVisible,
     Unavailable,
     from_service_error,
     shown,
@@ -163,7 +163,7 @@ class Gateway:
         except KeelError as error:
             raise from_service_error(error) from None
         if view.tenant_id != caller.tenant_id:
-            raise SessionNotFound("no such session")
+            raise SessionNotVisible("no such session")
         return view
 
     async def check_owner(self, caller: Caller, session_id: str) -> None:
@@ -176,7 +176,7 @@ class Gateway:
                 self._tenants.clear()
             self._tenants[session_id] = tenant
         if tenant != caller.tenant_id:
-            raise SessionNotFound("no such session")
+            raise SessionNotVisible("no such session")
 
     async def session_info(self, caller: Caller, session_id: str) -> SessionInfo:
         """What GET /v1/sessions/{id} and GetSession report of the caller's session."""

@@ -4,7 +4,7 @@
      ├── InvalidArgument       INVALID_ARGUMENT     INVALID_ARGUMENT
      │    ├── InvalidLoadout   INVALID_ARGUMENT     INVALID_LOADOUT
      │    └── WeakApiKey       INVALID_ARGUMENT     WEAK_API_KEY
-     ├── SessionNotFound       NOT_FOUND            SESSION_NOT_FOUND   (alias UnknownSession)
+     ├── UnknownSession        NOT_FOUND            SESSION_NOT_FOUND
      ├── UnknownTenant         NOT_FOUND            UNKNOWN_TENANT
      ├── UnknownRuntime        NOT_FOUND            UNKNOWN_RUNTIME
      ├── LoadoutNotFound       NOT_FOUND            LOADOUT_NOT_FOUND
@@ -57,14 +57,11 @@ class WeakApiKey(InvalidArgument):
     reason = "WEAK_API_KEY"
 
 
-class SessionNotFound(KernelError):
+class UnknownSession(KernelError):
     """The kernel has never seen this session (it was never enqueued)."""
 
     code = grpc.StatusCode.NOT_FOUND
     reason = "SESSION_NOT_FOUND"
-
-
-UnknownSession = SessionNotFound
 
 
 class UnknownTenant(KernelError):

@@ -28,7 +28,7 @@ from typing import TypeVar
 from kernel import admission, domain
 from kernel.database import Tx
 from kernel.domain import FailureKind, FinishResult, LeaseInfo, SessionRecord, Transition
-from kernel.errors import KernelError, SessionNotFound
+from kernel.errors import KernelError, UnknownSession
 from kernel.handoffs import HandoffNote, insert_handoff
 from kernel.lease_ends import SWEEP_BATCH, LeaseEnds
 from kernel.lease_queue import CLAIM_CANDIDATES, Claimed, LeaseQueue
@@ -76,7 +76,7 @@ class LeaseStore(LeaseQueue, LeaseEnds):
             now = self._clock()
             record = self._load(tx, session_id)
             if record is None:
-                raise SessionNotFound(f"the kernel has no session {session_id!r}")
+                raise UnknownSession(f"the kernel has no session {session_id!r}")
             due = domain.expire_due(record, now)
             self._apply(tx, due, done)
             try:

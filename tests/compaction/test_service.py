@@ -28,8 +28,8 @@ from compaction.client import CompactionClient
 from compaction.errors import (
     CompactionFenced,
     InvalidArgument,
+    NoSessionToCompact,
     SeqOutOfRange,
-    SessionNotFound,
     SummaryFailed,
 )
 from compaction.policy import (
@@ -401,7 +401,7 @@ async def test_bad_requests_get_clear_status_codes(stack: Stack) -> None:
         lambda: client.get_context("nope"),
     ]
     for call in unknown:
-        with pytest.raises(SessionNotFound):
+        with pytest.raises(NoSessionToCompact):
             await call()
     malformed: list[Callable[[], Awaitable[object]]] = [
         lambda: client.plan("bad id!"),

@@ -19,8 +19,8 @@ from kernel import (
     KernelClient,
     KernelServer,
     LeaseLost,
-    SessionNotFound,
     UnknownRuntime,
+    UnknownSession,
 )
 from kernel.config import KernelConfig
 from kernel.lease_stream_server import LEASE_STREAM
@@ -182,7 +182,7 @@ async def test_the_client_raises_the_same_exceptions_over_the_stream(
         await client.claim("ghost")
     with pytest.raises(InvalidArgument):
         await client.claim("r1", wait_ms=-5)
-    with pytest.raises(SessionNotFound):
+    with pytest.raises(UnknownSession):
         await client.renew("nobody", 1, "r1")
     result = await client.finish("s1", again.epoch, "r1", read_through=1)
     assert not result.requeued and not result.parked

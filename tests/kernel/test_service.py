@@ -21,8 +21,8 @@ from kernel import (
     KernelServer,
     Lease,
     LeaseLost,
-    SessionNotFound,
     UnknownRuntime,
+    UnknownSession,
     UnknownTenant,
 )
 from kernel.config import KernelConfig
@@ -503,7 +503,7 @@ async def test_the_client_raises_the_kernels_own_errors(client: KernelClient) ->
         await client.claim("r1", wait_ms=-5)
     with pytest.raises(UnknownRuntime):
         await client.claim("ghost")
-    with pytest.raises(SessionNotFound):
+    with pytest.raises(UnknownSession):
         await client.renew("nobody", 1, "r1")
     with pytest.raises(UnknownTenant):
         await client.put_loadout("ghost", {})

@@ -13,8 +13,8 @@ from kernel.errors import (
     InvalidArgument,
     LeaseLost,
     LoadoutNotFound,
-    SessionNotFound,
     UnknownRuntime,
+    UnknownSession,
     UnknownTenant,
 )
 from kernel.registry import Registration
@@ -177,7 +177,7 @@ def test_refusals(stores: Stores) -> None:
         stores.leases.claim("ghost")
     with pytest.raises(UnknownRuntime):
         stores.registry.set_drain("ghost", DrainMode.HANDOFF)
-    with pytest.raises(SessionNotFound):
+    with pytest.raises(UnknownSession):
         stores.leases.renew("nobody", 1, "r1")
     stores.leases.enqueue("s1", "t1", 1, False)
     with pytest.raises(LeaseLost, match="never leased"):
