@@ -45,7 +45,7 @@ from kernel import KernelServer
 from services.common import hops
 from services.common.config import Settings
 from services.ledger import CommittedFact
-from services.runner import runtime as runner_runtime
+from services.runner import settling
 from services.runner.config import RunnerConfig
 from services.runner.server import RunnerServer
 from tests.support.cluster import Cluster, start_cluster, stop_cluster
@@ -127,7 +127,7 @@ async def quiet(
     pg_settings: Settings, monkeypatch: pytest.MonkeyPatch, sticky_ms: int
 ) -> AsyncIterator[Quiet]:
     """Ledger, kernel and runner in this process, every timer slowed down."""
-    monkeypatch.setattr(runner_runtime, "CANCEL_WATCH_DELAY_S", A_LONG_TIME_MS / 1000)
+    monkeypatch.setattr(settling, "CANCEL_WATCH_DELAY_S", A_LONG_TIME_MS / 1000)
     settings = pg_settings.with_overrides(lease_ms=A_LONG_TIME_MS)
     cluster = await start_cluster(
         settings,
