@@ -2,7 +2,7 @@
 
     CompactionError            UNKNOWN              COMPACTION_ERROR
      ├── InvalidArgument       INVALID_ARGUMENT     INVALID_ARGUMENT
-     │    └── SeqOutOfRange    OUT_OF_RANGE         SEQ_OUT_OF_RANGE
+     │    └── SeqPastHead      OUT_OF_RANGE         SEQ_OUT_OF_RANGE
      ├── NoSessionToCompact    NOT_FOUND            SESSION_NOT_FOUND
      ├── CompactionFenced      FAILED_PRECONDITION  STALE_EPOCH
      ├── BadLoadout            FAILED_PRECONDITION  BAD_LOADOUT
@@ -37,7 +37,7 @@ class InvalidArgument(CompactionError):
     reason = "INVALID_ARGUMENT"
 
 
-class SeqOutOfRange(InvalidArgument):
+class SeqPastHead(InvalidArgument):
     """A seq past the session's head: there is no such point in the session yet."""
 
     code = grpc.StatusCode.OUT_OF_RANGE

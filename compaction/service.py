@@ -37,7 +37,7 @@ from compaction.errors import (
     CompactionFenced,
     InvalidArgument,
     NoSessionToCompact,
-    SeqOutOfRange,
+    SeqPastHead,
 )
 from compaction.policy import (
     CompactionSettings,
@@ -401,7 +401,7 @@ class CompactionServicer(pb_grpc.CompactionServiceServicer):
         view = await self._view(session_id)
         at_seq = request.at_seq or view.head_seq
         if at_seq > view.head_seq:
-            raise SeqOutOfRange(
+            raise SeqPastHead(
                 f"at_seq {at_seq} is past the session's head {view.head_seq}",
                 head_seq=str(view.head_seq),
             )

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compaction.client import CompactionClient
-from compaction.errors import SeqOutOfRange as CompactionSeqOutOfRange
+from compaction.errors import SeqPastHead
 from edge.approvals import PendingApproval, pending_approvals
 from edge.auth import Authenticator, Caller
 from edge.errors import (
@@ -354,7 +354,7 @@ class Gateway:
             raise Unavailable("this edge has no compaction service to build contexts with")
         try:
             built = await self.compaction.get_context(session_id, at)
-        except CompactionSeqOutOfRange as error:
+        except SeqPastHead as error:
             raise SeqOutOfRange(error.message) from None
         except KeelError as error:
             raise from_service_error(error) from None

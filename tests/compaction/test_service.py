@@ -29,7 +29,7 @@ from compaction.errors import (
     CompactionFenced,
     InvalidArgument,
     NoSessionToCompact,
-    SeqOutOfRange,
+    SeqPastHead,
     SummaryFailed,
 )
 from compaction.policy import (
@@ -418,7 +418,7 @@ async def test_bad_requests_get_clear_status_codes(stack: Stack) -> None:
         with pytest.raises(InvalidArgument) as caught:
             await call()
         assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
-    with pytest.raises(SeqOutOfRange, match="past the session's head"):
+    with pytest.raises(SeqPastHead, match="past the session's head"):
         await client.get_context("known", head + 1)
 
     # The wire status codes themselves, as any gRPC client (holding the
