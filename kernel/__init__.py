@@ -11,7 +11,7 @@ Public surface::
     KernelClient, Attachment   typed async gRPC client (kernel.client)
     KernelServer, run_kernel   the service (embedded or standalone)
     KernelConfig               kernel knobs (KEEL_MAX_ATTEMPTS, KEEL_RECONCILE_MS…)
-    Lease, LeaseInfo, FinishResult, RuntimeInfo, HandoffInfo, Loadout
+    Lease, LeaseInfo, FinishResult, RuntimeInfo, HandoffInfo, LoadoutRevision
     ApiKeyGrant                what an API key may do (tenant, admin, operator)
     TenantInfo, ApiKeyInfo, Revocation   listed tenants, keys, revoked key hashes
     validate_loadout           the loadout schema (SPEC §10; kernel.loadout)
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from kernel.loadout import validate_loadout
     from kernel.registry import HandoffInfo, RuntimeInfo
     from kernel.server import KernelServer, run_kernel
-    from kernel.tenancy import ApiKeyGrant, ApiKeyInfo, Loadout, Revocation, TenantInfo
+    from kernel.tenancy import ApiKeyGrant, ApiKeyInfo, LoadoutRevision, Revocation, TenantInfo
 
 __all__ = [
     "DEFAULT_LOADOUT",
@@ -72,8 +72,8 @@ __all__ = [
     "Lease",
     "LeaseInfo",
     "LeaseLost",
-    "Loadout",
     "LoadoutNotFound",
+    "LoadoutRevision",
     "RevisionMismatch",
     "Revocation",
     "RuntimeInfo",
@@ -117,7 +117,7 @@ _EXPORTS: dict[str, str] = {
     "run_kernel": "kernel.server",
     "ApiKeyGrant": "kernel.tenancy",
     "ApiKeyInfo": "kernel.tenancy",
-    "Loadout": "kernel.tenancy",
+    "LoadoutRevision": "kernel.tenancy",
     "Revocation": "kernel.tenancy",
     "TenantInfo": "kernel.tenancy",
 }

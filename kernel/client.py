@@ -37,7 +37,7 @@ from kernel.lease_stream_client import (
     StreamLink,
 )
 from kernel.registry import HandoffInfo, RuntimeInfo
-from kernel.tenancy import ApiKeyGrant, ApiKeyInfo, Loadout, Revocation, TenantInfo
+from kernel.tenancy import ApiKeyGrant, ApiKeyInfo, LoadoutRevision, Revocation, TenantInfo
 from services.common.config import Settings
 from services.common.errors import KeelError
 from services.common.rpc import balanced_target, replica_channel_options, streaming, unary
@@ -80,7 +80,7 @@ class Claim:
     # The tenant's latest loadout when the lease was granted; None when the
     # kernel could not say (no such tenant, or a kernel that predates it):
     # GetLoadout then tells.
-    loadout: Loadout | None
+    loadout: LoadoutRevision | None
     # A wake's: the facts its input came with, a packed page (the ledger's
     # encoding: services/ledger/packed_facts.py); empty when none came.
     facts: bytes = b""
@@ -341,7 +341,7 @@ class KernelClient:
             # Cannot happen with a kernel that keeps the stream's rule; if
             # it does, ask for exactly the revision the claim found.
             return Claim(lease, await self.get_loadout(lease.tenant_id, revision), response.facts)
-        loadout = Loadout(lease.tenant_id, revision, json.loads(document))
+        loadout = LoadoutRevision(lease.tenant_id, revision, json.loads(document))
         return Claim(lease, loadout, response.facts)
 
     async def _claim(
@@ -507,8 +507,10 @@ class KernelClient:
         response = await unary(self._stub.PutLoadout(request), KernelError)
         return response.revision
 
-    async def get_loadout(self, tenant_id: str, revision: int = 0) -> Loadout:
+    async def get_loadout(self, tenant_id: str, revision: int = 0) -> LoadoutRevision:
         """Revision 0 = latest (revision 0 and the default document if none)."""
         request = pb.GetLoadoutRequest(tenant_id=tenant_id, revision=revision)
         response = await unary(self._stub.GetLoadout(request), KernelError)
-        return Loadout(response.tenant_id, response.revision, json.loads(response.document_json))
+        return LoadoutRevision(
+            response.tenant_id, response.revision, json.loads(response.document_json)
+        )

@@ -52,7 +52,10 @@ MIN_KEY_DISTINCT_CHARS = 10
 
 
 @dataclass(frozen=True)
-class Loadout:
+class LoadoutRevision:
+    """A tenant's loadout document as the kernel stores it, at one revision
+    (agent_io.loadout.Loadout is what a runner builds from the document)."""
+
     tenant_id: str
     # 0 when the tenant has stored none (the document is the default).
     revision: int
@@ -330,10 +333,10 @@ class TenantStore:
 
         return self._db.run(work)
 
-    def get_loadout(self, tenant_id: str, revision: int) -> Loadout:
+    def get_loadout(self, tenant_id: str, revision: int) -> LoadoutRevision:
         """Revision 0 is the latest; the default document when none is stored."""
 
-        def work(tx: Tx) -> Loadout:
+        def work(tx: Tx) -> LoadoutRevision:
             self._require_tenant(tx, tenant_id)
             if revision == 0:
                 row = tx.one(
@@ -342,7 +345,7 @@ class TenantStore:
                     (tenant_id,),
                 )
                 if row is None:
-                    return Loadout(tenant_id, 0, domain.default_loadout())
+                    return LoadoutRevision(tenant_id, 0, domain.default_loadout())
             else:
                 row = tx.one(
                     "SELECT revision, document FROM loadouts "
@@ -354,6 +357,6 @@ class TenantStore:
                         f"tenant {tenant_id!r} has no loadout revision {revision}",
                         revision=str(revision),
                     )
-            return Loadout(tenant_id, int(row[0]), json.loads(row[1]))
+            return LoadoutRevision(tenant_id, int(row[0]), json.loads(row[1]))
 
         return self._db.run(work, write=False)
