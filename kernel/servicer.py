@@ -1,10 +1,13 @@
 """The kernel's gRPC face: validation, long-polling claims, Attach streams.
 
-Every request is validated here (ids, epochs, waits, documents) and turned
-into a clear INVALID_ARGUMENT before it reaches a store; store calls run in
-worker threads so a slow database never blocks the event loop. A loadout is
-checked against the schema and then, with its tenant's id, against the
-operator's `SecretPolicy` (kernel.loadout_secrets).
+Every request is validated here (ids, epochs, waits, documents; the checks
+are kernel.rpc_checks) and turned into a clear INVALID_ARGUMENT before it
+reaches a store; store calls run in worker threads so a slow database never
+blocks the event loop. This module holds the runtime and lease calls; the
+tenancy calls (tenants, keys, loadouts) are kernel.tenancy_rpcs, a base of
+`KernelServicer`, where a loadout is checked against the schema and then,
+with its tenant's id, against the operator's `SecretPolicy`
+(kernel.loadout_secrets).
 """
 
 from __future__ import annotations
@@ -17,23 +20,17 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-
-import grpc
 
 from keel.kernel.v1 import kernel_pb2 as pb
 from keel.kernel.v1 import kernel_pb2_grpc as pb_grpc
 from kernel.codec import (
     DRAIN_FROM_PB,
     FAILURE_FROM_PB,
-    api_key_to_pb,
     finish_result_to_pb,
     handoff_to_pb,
     lease_info_to_pb,
     lease_to_pb,
-    revocation_to_pb,
     runtime_to_pb,
-    tenant_to_pb,
 )
 from kernel.config import KernelConfig
 from kernel.domain import DrainMode, FailureKind, Lease, check_id, default_loadout
@@ -41,12 +38,20 @@ from kernel.errors import InvalidArgument
 from kernel.expiry import Attachments
 from kernel.handoffs import HandoffNote
 from kernel.lease_stream_server import KnownLoadout, LeaseStreamSession
-from kernel.loadout_secrets import check_loadout_secrets
 from kernel.registry import Registration, RegistryStore
 from kernel.revocations import RevocationFeed
+from kernel.rpc_checks import (
+    MAX_TEXT,
+    Context,
+    bounded_text,
+    non_negative,
+    optional_id,
+    positive_epoch,
+)
 from kernel.sticky import WakeRoutes, WakeTarget, granted_ms
 from kernel.store import Claimed, LeaseStore
-from kernel.tenancy import TenantStore, parse_document
+from kernel.tenancy import TenantStore
+from kernel.tenancy_rpcs import TenancyRpcs
 from kernel.waker import ClaimWaker
 from services.common import tracing
 from services.common.errors import stream_errors, unary_errors
@@ -54,11 +59,9 @@ from services.common.secrets import SecretPolicy
 from services.common.serving import GrpcService
 
 log = logging.getLogger("keel.kernel.servicer")
-Context = grpc.aio.ServicerContext[Any, Any]
 
 # A claim may wait at most this long; longer waits are a caller's bug.
 MAX_WAIT_MS = 300_000
-MAX_TEXT = 4096
 MAX_HANDOFFS = 1000
 # Threads of Enqueue's own: an input's acceptance does not queue behind the
 # claims, finishes and renewals of a run backlog in the default executor.
@@ -69,35 +72,13 @@ ENQUEUE_THREADS = 4
 MAX_WAKE_FACTS_BYTES = 64 * 1024
 
 
-def _epoch(value: int) -> int:
-    if value <= 0:
-        raise InvalidArgument(f"epoch must be positive, got {value}", field="epoch")
-    return value
-
-
-def _non_negative(value: int, what: str) -> int:
-    if value < 0:
-        raise InvalidArgument(f"{what} must be >= 0, got {value}", field=what)
-    return value
-
-
-def _text(value: str, what: str, limit: int = MAX_TEXT) -> str:
-    if len(value) > limit:
-        raise InvalidArgument(f"{what} must be at most {limit} characters", field=what)
-    return value
-
-
-def _optional_id(value: str, what: str) -> str:
-    return check_id(value, what) if value else ""
-
-
 def _on_done(context: Context, callback: Callable[[], None]) -> None:
     """Calls `callback` when the RPC of `context` terminates, however it ends."""
     # grpc-stubs declare a done callback as a class; grpc calls any callable.
     context.add_done_callback(lambda _: callback())  # type: ignore[arg-type]
 
 
-class KernelServicer(pb_grpc.KernelServiceServicer):
+class KernelServicer(TenancyRpcs, pb_grpc.KernelServiceServicer):
     """`keel.kernel.v1.KernelService`: the kernel's whole gRPC surface.
 
     Owns nothing durable itself: leases, the queue and admission are the
@@ -162,11 +143,11 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
     ) -> pb.RegisterRuntimeResponse:
         registration = Registration(
             runtime_id=check_id(request.runtime_id, "runtime_id"),
-            address=_text(request.address, "address", 512),
-            host=_text(request.host, "host", 512),
-            pid=_non_negative(request.pid, "pid"),
-            loadout_revision=_non_negative(request.loadout_revision, "loadout_revision"),
-            version=_text(request.version, "version", 256),
+            address=bounded_text(request.address, "address", 512),
+            host=bounded_text(request.host, "host", 512),
+            pid=non_negative(request.pid, "pid"),
+            loadout_revision=non_negative(request.loadout_revision, "loadout_revision"),
+            version=bounded_text(request.version, "version", 256),
             role=check_id(request.role or "runner", "role"),
         )
         await asyncio.to_thread(self._registry.register, registration)
@@ -205,11 +186,11 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         handoff_id = await asyncio.to_thread(
             self._registry.record_handoff,
             check_id(request.old_runtime_id, "old_runtime_id"),
-            _optional_id(request.new_runtime_id, "new_runtime_id"),
-            _non_negative(request.loadout_revision, "loadout_revision"),
-            _non_negative(request.in_flight, "in_flight"),
-            _optional_id(request.session_id, "session_id"),
-            _non_negative(request.epoch, "epoch"),
+            optional_id(request.new_runtime_id, "new_runtime_id"),
+            non_negative(request.loadout_revision, "loadout_revision"),
+            non_negative(request.in_flight, "in_flight"),
+            optional_id(request.session_id, "session_id"),
+            non_negative(request.epoch, "epoch"),
         )
         return pb.RecordHandoffResponse(handoff_id=handoff_id)
 
@@ -227,7 +208,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
     async def ListHandoffs(
         self, request: pb.ListHandoffsRequest, context: Context
     ) -> pb.ListHandoffsResponse:
-        limit = _non_negative(request.limit, "limit") or 100
+        limit = non_negative(request.limit, "limit") or 100
         handoffs = await asyncio.to_thread(self._registry.list_handoffs, min(limit, MAX_HANDOFFS))
         return pb.ListHandoffsResponse(handoffs=[handoff_to_pb(h) for h in handoffs])
 
@@ -246,7 +227,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         (a LeaseStream sent it), so the answer leaves it out. Checked last,
         with no await after it, so a stream answers in the order it decided."""
         runtime_id = check_id(request.runtime_id, "runtime_id")
-        wait_ms = _non_negative(request.wait_ms, "wait_ms")
+        wait_ms = non_negative(request.wait_ms, "wait_ms")
         if wait_ms > MAX_WAIT_MS:
             raise InvalidArgument(f"wait_ms must be at most {MAX_WAIT_MS}", field="wait_ms")
         loop = asyncio.get_running_loop()
@@ -328,7 +309,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         expires = await asyncio.to_thread(
             self._leases.renew,
             check_id(request.session_id, "session_id"),
-            _epoch(request.epoch),
+            positive_epoch(request.epoch),
             check_id(request.runtime_id, "runtime_id"),
         )
         return pb.RenewResponse(expires_at_ms=expires)
@@ -341,15 +322,13 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         handoff = None
         if request.HasField("handoff"):
             handoff = HandoffNote(
-                in_flight=_non_negative(request.handoff.in_flight, "in_flight"),
-                loadout_revision=_non_negative(
-                    request.handoff.loadout_revision, "loadout_revision"
-                ),
+                in_flight=non_negative(request.handoff.in_flight, "in_flight"),
+                loadout_revision=non_negative(request.handoff.loadout_revision, "loadout_revision"),
             )
         await asyncio.to_thread(
             self._leases.release,
             check_id(request.session_id, "session_id"),
-            _epoch(request.epoch),
+            positive_epoch(request.epoch),
             check_id(request.runtime_id, "runtime_id"),
             handoff,
         )
@@ -371,13 +350,13 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
         result = await asyncio.to_thread(
             self._leases.finish,
             check_id(request.session_id, "session_id"),
-            _epoch(request.epoch),
+            positive_epoch(request.epoch),
             check_id(request.runtime_id, "runtime_id"),
-            _non_negative(request.read_through, "read_through"),
+            non_negative(request.read_through, "read_through"),
             request.outcome == pb.FINISH_OUTCOME_FAILED,
             request.error[:MAX_TEXT],
             FAILURE_FROM_PB.get(request.failure, FailureKind.RETRYABLE),
-            _non_negative(request.retry_after_ms, "retry_after_ms"),
+            non_negative(request.retry_after_ms, "retry_after_ms"),
             sticky_ms,
         )
         return finish_result_to_pb(result)
@@ -403,7 +382,7 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
             self._leases.enqueue,
             check_id(request.session_id, "session_id"),
             check_id(request.tenant_id, "tenant_id"),
-            _non_negative(request.input_seq, "input_seq"),
+            non_negative(request.input_seq, "input_seq"),
             request.unpark,
             self.wake_routes.reachable,
         )
@@ -447,106 +426,6 @@ class KernelServicer(pb_grpc.KernelServiceServicer):
             self._leases.get_lease, check_id(request.session_id, "session_id")
         )
         return lease_info_to_pb(info)
-
-    # -- tenants --
-
-    @unary_errors
-    async def CreateTenant(
-        self, request: pb.CreateTenantRequest, context: Context
-    ) -> pb.CreateTenantResponse:
-        tenant_id = check_id(request.tenant_id, "tenant_id")
-        created = await asyncio.to_thread(
-            self._tenants.create_tenant, tenant_id, _text(request.name, "name", 256)
-        )
-        return pb.CreateTenantResponse(tenant_id=tenant_id, created=created)
-
-    @unary_errors
-    async def CreateApiKey(
-        self, request: pb.CreateApiKeyRequest, context: Context
-    ) -> pb.CreateApiKeyResponse:
-        key, key_id = await asyncio.to_thread(
-            self._tenants.create_api_key,
-            check_id(request.tenant_id, "tenant_id"),
-            request.key,
-            request.admin,
-            request.operator,
-        )
-        return pb.CreateApiKeyResponse(key=key, key_id=key_id)
-
-    @unary_errors
-    async def Authenticate(
-        self, request: pb.AuthenticateRequest, context: Context
-    ) -> pb.AuthenticateResponse:
-        grant = await asyncio.to_thread(self._tenants.authenticate, request.key)
-        return pb.AuthenticateResponse(
-            tenant_id=grant.tenant_id,
-            admin=grant.admin,
-            operator=grant.operator,
-            key_id=grant.key_id,
-        )
-
-    @unary_errors
-    async def PutLoadout(
-        self, request: pb.PutLoadoutRequest, context: Context
-    ) -> pb.PutLoadoutResponse:
-        tenant_id = check_id(request.tenant_id, "tenant_id")
-        document = parse_document(request.document_json)
-        check_loadout_secrets(document, tenant_id, self._secrets)
-        expected = _non_negative(request.expected_revision, "expected_revision")
-        revision = await asyncio.to_thread(self._tenants.put_loadout, tenant_id, document, expected)
-        # A runner keeping a session runs the loadout it had: the next input
-        # is claimed afresh, with this revision.
-        await asyncio.to_thread(self._leases.end_sticky, tenant_id=tenant_id)
-        # A raised admission limit may let waiting sessions run now.
-        self._waker.wake()
-        return pb.PutLoadoutResponse(revision=revision)
-
-    @unary_errors
-    async def GetLoadout(
-        self, request: pb.GetLoadoutRequest, context: Context
-    ) -> pb.GetLoadoutResponse:
-        tenant_id = check_id(request.tenant_id, "tenant_id")
-        revision = _non_negative(request.revision, "revision")
-        loadout = await asyncio.to_thread(self._tenants.get_loadout, tenant_id, revision)
-        return pb.GetLoadoutResponse(
-            tenant_id=loadout.tenant_id,
-            revision=loadout.revision,
-            document_json=json.dumps(loadout.document, ensure_ascii=False),
-        )
-
-    @unary_errors
-    async def ListTenants(
-        self, request: pb.ListTenantsRequest, context: Context
-    ) -> pb.ListTenantsResponse:
-        tenants = await asyncio.to_thread(self._tenants.list_tenants)
-        return pb.ListTenantsResponse(tenants=[tenant_to_pb(t) for t in tenants])
-
-    @unary_errors
-    async def ListApiKeys(
-        self, request: pb.ListApiKeysRequest, context: Context
-    ) -> pb.ListApiKeysResponse:
-        keys = await asyncio.to_thread(
-            self._tenants.list_api_keys, _optional_id(request.tenant_id, "tenant_id")
-        )
-        return pb.ListApiKeysResponse(keys=[api_key_to_pb(k) for k in keys])
-
-    @unary_errors
-    async def RevokeApiKey(
-        self, request: pb.RevokeApiKeyRequest, context: Context
-    ) -> pb.RevokeApiKeyResponse:
-        key_id = check_id(request.key_id, "key_id")
-        revoked = await asyncio.to_thread(self._tenants.revoke_api_key, key_id)
-        if revoked:
-            self._revocations.notify()
-        return pb.RevokeApiKeyResponse(revoked=revoked)
-
-    @stream_errors
-    async def WatchRevocations(
-        self, request: pb.WatchRevocationsRequest, context: Context
-    ) -> AsyncIterator[pb.WatchRevocationsResponse]:
-        after_id = _non_negative(request.after_id, "after_id")
-        async for revocation in self._revocations.watch(after_id):
-            yield revocation_to_pb(revocation)
 
 
 def kernel_service(servicer: KernelServicer) -> GrpcService:
