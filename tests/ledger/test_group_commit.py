@@ -6,7 +6,8 @@ import pytest
 
 from services.common.config import Settings
 from services.ledger import facts as F
-from services.ledger.store import LedgerStore, _PendingAppend
+from services.ledger.group_commit import PendingAppend
+from services.ledger.store import LedgerStore
 
 
 def an_input(request_id: str) -> list[F.NewFact]:
@@ -41,7 +42,7 @@ def test_a_conflict_in_one_session_does_not_fail_the_others(settings: Settings) 
         # Another ledger process appends to x: my cached copy of x is stale.
         assert other_process.append("x", an_input("theirs"), 0)[0].seq == 2
 
-        batch = [_PendingAppend(s, an_input("mine"), 0) for s in ("x", "y", "z")]
+        batch = [PendingAppend(s, an_input("mine"), 0) for s in ("x", "y", "z")]
         assert mine._commit_batch(batch) == []
         outcomes = {p.session_id: p.future.result(timeout=10)[0].seq for p in batch}
         assert outcomes == {"x": 3, "y": 2, "z": 2}
