@@ -17,6 +17,10 @@ a decision is committed and wakes it.
 
 Commit boundaries (where a handoff may stop the attempt, and where crash tests
 kill it) are the named fault points.
+
+This module holds the attempt's state, its ledger access and its turn loop;
+a model turn is services/runner/model_turn.py and the tool side of a turn
+services/runner/tool_turn.py.
 """
 
 from __future__ import annotations
@@ -26,23 +30,13 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from agent_io.loadout import Loadout
-from agent_io.providers import (
-    Completed,
-    ContextOverflow,
-    ModelRequest,
-    Provider,
-    ProviderError,
-    StreamEvent,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallDelta,
-)
-from agent_io.tools import ToolCall, ToolOutcome, ToolRegistry, idempotency_key
+from agent_io.providers import Completed, ModelRequest, Provider
+from agent_io.tools import ToolRegistry
 from compaction.policy import ContextEntry, MessageEntry
 from kernel import EpochSuperseded, KernelClient, Lease, LeaseLost
 from services.blob_parts import BlobContent
@@ -51,20 +45,13 @@ from services.common.config import DEFAULT_MAX_FACT_BYTES
 from services.common.errors import ServiceUnavailable
 from services.common.outage_log import OutageLog
 from services.ledger import LedgerClient, StaleEpoch
-from services.ledger.facts import (
-    APPROVAL_REQUESTED,
-    ASSISTANT,
-    EPOCH_STARTED,
-    INPUT,
-    TOOL_RESULT,
-    CommittedFact,
-    FactKind,
-)
+from services.ledger.facts import EPOCH_STARTED, INPUT, CommittedFact, FactKind
 from services.runner import metrics as runner_metrics
+from services.runner import model_turn, tool_turn
 from services.runner import transcript as T
 from services.runner.events import SessionState
 from services.runner.fact_fit import fit_fact
-from services.runner.hub import Partial, PartialHub, StatusChange
+from services.runner.hub import PartialHub, StatusChange
 
 log = logging.getLogger("keel.runner.attempt")
 
@@ -306,205 +293,22 @@ class Attempt:
             await self.answer(owed)
 
     async def answer(self, owed: T.Owed) -> None:
-        with tracing.span("keel.context_build", self.trace_attributes):
-            await self.fetch_blobs()
-            # Built once here; the compaction check and the request reuse it.
-            self.context()
-        compacted = await self.services.compaction.before_request(
-            self, self.facts, overflowed=False
-        )
-        if compacted:
-            self.boundary("after_compaction")
-            return
-        messages, messages_tokens = T.presented_request(self.context())
-        generation = T.generation_id(owed.context_head_seq)
-        request = ModelRequest(
-            system=self.loadout.system_prompt,
-            messages=messages,
-            tools=self.tools.specs,
-            max_output_tokens=self.loadout.max_output_tokens,
-            attempt=self.lease.failures + 1,
-            messages_tokens=messages_tokens,
-            generation_id=generation,
-        )
-        try:
-            with tracing.span(
-                "keel.provider", self.trace_attributes, {"gen_ai.request.model": self.model_name}
-            ) as provider_span:
-                with self.provider_call.timing(self.provider.name) as call:
-                    completed = await self.stream(request, generation)
-                    call.completed(completed.usage)
-                tracing.set_attributes(
-                    provider_span,
-                    {
-                        "gen_ai.response.model": completed.model,
-                        "gen_ai.usage.input_tokens": completed.usage.input,
-                        "gen_ai.usage.output_tokens": completed.usage.output,
-                    },
-                )
-        except ContextOverflow:
-            self.overflows_in_a_row += 1
-            if self.overflows_in_a_row > 1:
-                raise ProviderError(
-                    "the context still overflows the model's window after compaction",
-                    retryable=False,
-                ) from None
-            await self.services.compaction.before_request(self, self.facts, overflowed=True)
-            return
-        self.overflows_in_a_row = 0
-        final = not completed.tool_calls
-        data: dict[str, Any] = {
-            "generationId": generation,
-            "content": list(completed.content),
-            "toolCalls": [dict(c) for c in completed.tool_calls],
-            "usage": completed.usage.to_dict(),
-            "model": completed.model,
-            "stopReason": completed.stop_reason,
-        }
-        if final:
-            data["inputSeqs"] = list(owed.input_seqs)
-        if self.resumed:
-            # GetContext and compaction read a request's watermark from its
-            # epoch's epoch_started, which an earlier turn wrote.
-            data["watermark"] = self.watermark
-        # Right before the write, with no await in between: a runner stopped
-        # here sends this append first when it is resumed.
-        faults.hit("before_final_answer" if final else "before_assistant_commit")
-        with self.answering(owed.input_seqs if final else ()):
-            await self.commit(ASSISTANT, data)
-        if final:
-            runner_metrics.turn_answered()
-        if final and faults.injected("duplicate_reply"):
-            await self.commit(ASSISTANT, {**data, "generationId": f"{generation}-again"})
-        # The final answer's boundary is in the runtime, between it and Finish.
-        self.boundary("after_final_answer" if final else "after_assistant_commit")
+        """One model turn (services/runner/model_turn.py)."""
+        await model_turn.answer(self, owed)
 
     async def stream(self, request: ModelRequest, generation: str) -> Completed:
-        hub = self.services.hub
-        session_id, epoch, attempt_id = self.session_id, self.epoch, self.attempt_id
-        completed: Completed | None = None
-        first = True
-        # Some providers (OpenAI streaming) name a tool call only in its first
-        # fragment; every partial names its call, so that a client can tell
-        # parallel calls apart: index -> (call id, tool name).
-        calls: dict[int, tuple[str, str]] = {}
-        # Closed even when the attempt is abandoned mid-stream (cancel, lost
-        # lease, handoff), so the provider's HTTP response is released at once.
-        events = self.provider.stream(request)
-        async with contextlib.aclosing(cast(AsyncGenerator[StreamEvent, None], events)) as stream:
-            async for event in stream:
-                if isinstance(event, TextDelta):
-                    hub.publish(
-                        session_id, Partial(generation, "text", event.text, epoch, attempt_id)
-                    )
-                elif isinstance(event, ThinkingDelta):
-                    hub.publish(
-                        session_id, Partial(generation, "thinking", event.text, epoch, attempt_id)
-                    )
-                elif isinstance(event, ToolCallDelta):
-                    known_id, known_name = calls.get(event.index, ("", ""))
-                    call_id, name = event.id or known_id, event.name or known_name
-                    calls[event.index] = (call_id, name)
-                    partial = Partial(
-                        generation,
-                        "tool_call",
-                        event.arguments_fragment,
-                        epoch,
-                        attempt_id,
-                        call_id,
-                        name,
-                    )
-                    hub.publish(session_id, partial)
-                elif isinstance(event, Completed):
-                    completed = event
-                if first:
-                    first = False
-                    self.provider_call.first_event()
-                    faults.hit("mid_stream")
-        if completed is None:
-            raise ProviderError("the model stream ended without an answer", retryable=True)
-        return completed
+        return await model_turn.stream(self, request, generation)
 
     async def run_tools(self, calls: Sequence[T.OpenCall]) -> None:
         """Settles every open call: runs it (at-least-once) and commits its
-        result, refuses it with an error result, or asks for approval."""
-        for index, call in enumerate(calls):
-            last = index == len(calls) - 1
-            refusal = T.refusal(call)
-            asks = refusal is None and call.decision is None
-            if asks and self.tools.requires_approval(call.name):
-                await self.commit(
-                    APPROVAL_REQUESTED,
-                    {
-                        "toolCallId": call.tool_call_id,
-                        "name": call.name,
-                        "arguments": dict(call.arguments),
-                    },
-                )
-                self.boundary("after_approval_requested")
-                continue
-            tool_call = ToolCall(
-                call.tool_call_id,
-                call.name,
-                call.arguments,
-                idempotency_key(self.lease.tenant_id, self.session_id, call.tool_call_id),
-                session_id=self.session_id,
-                tenant_id=self.lease.tenant_id,
-            )
-            if refusal is not None:
-                outcome = ToolOutcome(refusal, is_error=True)
-            else:
-                with tracing.span(
-                    "keel.tool",
-                    self.trace_attributes,
-                    {"keel.tool.name": call.name, "keel.tool.call_id": call.tool_call_id},
-                ):
-                    called = time.perf_counter()
-                    outcome = await self.tools.run(tool_call)
-                runner_metrics.tool_called(
-                    call.name, (time.perf_counter() - called) * 1000, outcome.is_error
-                )
-                # Executed, result not yet committed: a crash here is the
-                # at-least-once case (the successor runs the tool again).
-                faults.hit("mid_tool")
-            result: dict[str, Any] = {
-                "toolCallId": call.tool_call_id,
-                "content": outcome.content,
-                "isError": outcome.is_error,
-                "idempotencyKey": tool_call.idempotency_key,
-            }
-            if outcome.structured is not None:
-                result["structured"] = dict(outcome.structured)
-            if outcome.blobs:
-                # Images and resources the tool returned, stored as the tenant's blobs.
-                result["blobs"] = list(outcome.blobs)
-            await self.commit(TOOL_RESULT, result)
-            self.boundary("after_tool_results" if last else "after_some_tool_results")
+        result, refuses it with an error result, or asks for approval
+        (services/runner/tool_turn.py)."""
+        await tool_turn.run_tools(self, calls)
 
     async def settle_cancelled(self, owed: T.Owed) -> None:
         """A client cancelled: close open calls (waiting ones too), consume
         what the cancel covers."""
-        for call in (*owed.open_calls, *owed.waiting_calls):
-            await self.commit(
-                TOOL_RESULT,
-                {"toolCallId": call.tool_call_id, "content": "cancelled", "isError": True},
-            )
-        # Calls closed, the cancelled inputs not yet consumed: a successor
-        # must close the settlement without closing a call twice.
-        faults.hit("mid_cancel")
-        with self.answering(owed.cancelled_input_seqs):
-            await self.commit(
-                ASSISTANT,
-                {
-                    "generationId": T.cancel_generation_id(
-                        owed.latest_cancel_seq, owed.cancelled_input_seqs
-                    ),
-                    "content": [],
-                    "toolCalls": [],
-                    "inputSeqs": list(owed.cancelled_input_seqs),
-                    "stopReason": T.CANCELLED_STOP,
-                },
-            )
+        await tool_turn.settle_cancelled(self, owed)
 
 
 # The kernel (or its database) away is said once per process, not once per
