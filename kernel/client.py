@@ -2,6 +2,10 @@
 
 Errors come back as the kernel's own exception classes (`EpochSuperseded`,
 `LeaseLost`, `UnknownTenant`, …), so callers never inspect status codes.
+
+This module holds the runtime and lease calls; the tenancy calls are
+kernel/tenancy_client.py (a base of `KernelClient`) and a runtime's Attach
+stream is kernel/attachment.py.
 """
 
 from __future__ import annotations
@@ -10,26 +14,24 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from keel.kernel.v1 import kernel_pb2 as pb
 from keel.kernel.v1 import kernel_pb2_grpc as pb_grpc
+from kernel.attachment import Attachment as Attachment  # re-exported: callers import it here
 from kernel.codec import (
     DRAIN_TO_PB,
     FAILURE_TO_PB,
-    api_key_from_pb,
     finish_result_from_pb,
     handoff_from_pb,
     lease_from_pb,
     lease_info_from_pb,
-    revocation_from_pb,
     runtime_from_pb,
-    tenant_from_pb,
 )
 from kernel.domain import DrainMode, FailureKind, FinishResult, Lease, LeaseInfo
-from kernel.errors import InvalidArgument, KernelError, UnknownRuntime
+from kernel.errors import InvalidArgument, KernelError
 from kernel.handoffs import HandoffNote
 from kernel.lease_stream_client import (
     LeaseStreamClient,
@@ -37,10 +39,11 @@ from kernel.lease_stream_client import (
     StreamLink,
 )
 from kernel.registry import HandoffInfo, RuntimeInfo
-from kernel.tenancy import ApiKeyGrant, ApiKeyInfo, LoadoutRevision, Revocation, TenantInfo
+from kernel.tenancy import LoadoutRevision
+from kernel.tenancy_client import TenancyCalls
 from services.common.config import Settings
 from services.common.errors import KeelError
-from services.common.rpc import balanced_target, replica_channel_options, streaming, unary
+from services.common.rpc import balanced_target, replica_channel_options, unary
 from services.common.serving import open_channel
 
 # Extra time a long-polling claim gets beyond its wait before it is abandoned.
@@ -49,9 +52,6 @@ _CLAIM_GRACE_S = 30.0
 # channel's retry policy resends an idempotent RPC (services.common.rpc).
 _RENEW_ATTEMPTS = 5
 _RENEW_RETRY_FIRST_S = 0.1
-# Re-attach delays after a broken stream: quick at first, then at most 2 s.
-_REATTACH_FIRST_S = 0.05
-_REATTACH_MAX_S = 2.0
 
 # Safe to resend to another replica after UNAVAILABLE (a Claim or Finish is
 # not: the first may have taken effect).
@@ -86,88 +86,7 @@ class Claim:
     facts: bytes = b""
 
 
-class Attachment:
-    """Holds a runtime's Attach stream open in a background task.
-
-    While it is open the kernel knows the runtime is alive; when the process
-    dies the stream breaks and the kernel expires the runtime's leases at
-    once (fast takeover). A stream broken while the process lives (a kernel
-    restart, a network blip) is re-opened with a short backoff.
-    """
-
-    def __init__(
-        self,
-        stub: pb_grpc.KernelServiceAsyncStub,
-        runtime_id: str,
-        reregister: Callable[[], Awaitable[object]] | None = None,
-    ) -> None:
-        self.runtime_id = runtime_id
-        self._stub = stub
-        # The kernel forgets runtimes detached for long (KEEL_RUNTIME_RETENTION_MS):
-        # one that comes back after that registers again instead of giving up.
-        self._reregister = reregister
-        self._connected = asyncio.Event()
-        self._closed = False
-        # A permanent refusal (unknown runtime, bad id) that ended the task.
-        self.error: KeelError | None = None
-        self._task = asyncio.get_running_loop().create_task(
-            self._hold(), name=f"kernel-attach-{runtime_id}"
-        )
-
-    @property
-    def closed(self) -> bool:
-        return self._closed or self._task.done()
-
-    @property
-    def connected(self) -> bool:
-        """The stream is open and the kernel has answered on it."""
-        return self._connected.is_set()
-
-    async def wait_connected(self) -> None:
-        """Returns once the kernel confirmed the stream; raises if refused."""
-        connected = asyncio.ensure_future(self._connected.wait())
-        try:
-            await asyncio.wait({connected, self._task}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            connected.cancel()
-        if not self._connected.is_set():
-            raise self.error or KernelError(f"the attachment of {self.runtime_id!r} ended")
-
-    async def _hold(self) -> None:
-        delay = _REATTACH_FIRST_S
-        while True:
-            call = self._stub.Attach(pb.AttachRequest(runtime_id=self.runtime_id))
-            try:
-                async for _ in streaming(call, KernelError):
-                    self._connected.set()
-                    delay = _REATTACH_FIRST_S
-            except KeelError as error:
-                if isinstance(error, UnknownRuntime) and self._reregister is not None:
-                    with contextlib.suppress(KeelError):
-                        await self._reregister()
-                elif isinstance(error, UnknownRuntime | InvalidArgument):
-                    self.error = error
-                    return
-            finally:
-                self._connected.clear()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _REATTACH_MAX_S)
-
-    async def close(self) -> None:
-        """Ends the stream (the kernel then expires whatever is still held)."""
-        self._closed = True
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-
-    async def __aenter__(self) -> Attachment:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-
-class KernelClient:
+class KernelClient(TenancyCalls):
     """Async client of `keel.kernel.v1.KernelService`.
 
     Owns the channel (balanced over the kernel replicas a target lists), the
@@ -444,73 +363,3 @@ class KernelClient:
         request = pb.GetLeaseRequest(session_id=session_id)
         response = await unary(self._stub.GetLease(request), KernelError)
         return lease_info_from_pb(response)
-
-    # -- tenants --
-
-    async def create_tenant(self, tenant_id: str, name: str = "") -> bool:
-        """True if created, False if it already existed."""
-        request = pb.CreateTenantRequest(tenant_id=tenant_id, name=name)
-        response = await unary(self._stub.CreateTenant(request), KernelError)
-        return response.created
-
-    async def create_api_key(
-        self, tenant_id: str, key: str = "", admin: bool = False, operator: bool = False
-    ) -> tuple[str, str]:
-        """(plain key, key id); the plain key is not stored and not shown again."""
-        request = pb.CreateApiKeyRequest(
-            tenant_id=tenant_id, key=key, admin=admin, operator=operator
-        )
-        response = await unary(self._stub.CreateApiKey(request), KernelError)
-        return response.key, response.key_id
-
-    async def authenticate(self, key: str) -> ApiKeyGrant:
-        """What an API key may do (tenant, admin, operator); raises InvalidApiKey."""
-        request = pb.AuthenticateRequest(key=key)
-        response = await unary(self._stub.Authenticate(request), KernelError)
-        return ApiKeyGrant(response.tenant_id, response.admin, response.operator, response.key_id)
-
-    async def list_tenants(self) -> list[TenantInfo]:
-        response = await unary(self._stub.ListTenants(pb.ListTenantsRequest()), KernelError)
-        return [tenant_from_pb(t) for t in response.tenants]
-
-    async def list_api_keys(self, tenant_id: str = "") -> list[ApiKeyInfo]:
-        """A tenant's keys ("" = every tenant's): ids and rights, never the keys."""
-        request = pb.ListApiKeysRequest(tenant_id=tenant_id)
-        response = await unary(self._stub.ListApiKeys(request), KernelError)
-        return [api_key_from_pb(k) for k in response.keys]
-
-    async def revoke_api_key(self, key_id: str) -> bool:
-        """True if this revoked the key, False if it already was; raises
-        ApiKeyNotFound for an unknown id."""
-        request = pb.RevokeApiKeyRequest(key_id=key_id)
-        response = await unary(self._stub.RevokeApiKey(request), KernelError)
-        return response.revoked
-
-    async def watch_revocations(self, after_id: int = 0) -> AsyncIterator[Revocation]:
-        """Revocations after `after_id`, then new ones as they are made; ends
-        (or raises ServiceUnavailable) when the kernel goes away."""
-        call = self._stub.WatchRevocations(pb.WatchRevocationsRequest(after_id=after_id))
-        async for message in streaming(call, KernelError):
-            yield revocation_from_pb(message)
-
-    async def put_loadout(
-        self, tenant_id: str, document: dict[str, Any], expected_revision: int = 0
-    ) -> int:
-        """Stores a new loadout revision; returns it (1, 2, 3 …). With
-        `expected_revision`, only if that is still the latest (else
-        RevisionMismatch)."""
-        request = pb.PutLoadoutRequest(
-            tenant_id=tenant_id,
-            document_json=json.dumps(document, ensure_ascii=False),
-            expected_revision=expected_revision,
-        )
-        response = await unary(self._stub.PutLoadout(request), KernelError)
-        return response.revision
-
-    async def get_loadout(self, tenant_id: str, revision: int = 0) -> LoadoutRevision:
-        """Revision 0 = latest (revision 0 and the default document if none)."""
-        request = pb.GetLoadoutRequest(tenant_id=tenant_id, revision=revision)
-        response = await unary(self._stub.GetLoadout(request), KernelError)
-        return LoadoutRevision(
-            response.tenant_id, response.revision, json.loads(response.document_json)
-        )
