@@ -9,8 +9,9 @@ Public surface::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from services.common.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from edge.app import create_app
@@ -20,9 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = ["EdgeError", "EdgeServer", "Gateway", "create_app", "run_edge"]
 
-# name -> the module that defines it. Nothing is imported until a name is
-# first read (PEP 562), so importing one small module of this package does
-# not load the whole service; TYPE_CHECKING gives mypy and IDEs the names.
+# name -> the module that defines it, imported when the name is first read
+# (services/common/lazy_exports.py).
 _EXPORTS: dict[str, str] = {
     "create_app": "edge.app",
     "EdgeError": "edge.errors",
@@ -31,15 +31,4 @@ _EXPORTS: dict[str, str] = {
     "run_edge": "edge.server",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

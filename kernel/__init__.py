@@ -24,8 +24,9 @@ kernel, is the fence — see the docstring of `kernel.expiry` for the argument.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from services.common.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from kernel.client import Attachment, KernelClient
@@ -85,9 +86,8 @@ __all__ = [
     "validate_loadout",
 ]
 
-# name -> the module that defines it. Nothing is imported until a name is
-# first read (PEP 562), so importing one small module of this package does
-# not load the whole service; TYPE_CHECKING gives mypy and IDEs the names.
+# name -> the module that defines it, imported when the name is first read
+# (services/common/lazy_exports.py).
 _EXPORTS: dict[str, str] = {
     "Attachment": "kernel.client",
     "KernelClient": "kernel.client",
@@ -122,15 +122,4 @@ _EXPORTS: dict[str, str] = {
     "TenantInfo": "kernel.tenancy",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -21,7 +21,6 @@ refused here (kernel.loadout_secrets has the rules).
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -41,6 +40,7 @@ from agent_io.providers.base import (
     Usage,
 )
 from agent_io.providers.scripted import DEFAULT_CONTEXT_WINDOW, ScriptedModel
+from services.common.lazy_exports import lazy_exports
 from services.common.secrets import (
     DEFAULT_KEY_ENV,
     OFFICIAL_BASE_URL,
@@ -82,12 +82,8 @@ _LAZY = {
     "OpenAICompatible": "agent_io.providers.openai_compat",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+# The SDK adapters load openai/anthropic: only when a loadout names them.
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 class ModelConfigError(ValueError):
