@@ -7,7 +7,6 @@ the embedded copy exercises exactly the code a separate process runs.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,7 +16,13 @@ from keel.compaction.v1 import compaction_pb2 as pb
 from keel.compaction.v1 import compaction_pb2_grpc as pb_grpc
 from kernel import KernelClient
 from services.common.config import Settings
-from services.common.serving import GrpcService, RunningServer, serve_services
+from services.common.serving import (
+    GrpcService,
+    RunningServer,
+    ServedOnOneAddress,
+    serve_services,
+    serve_until_cancelled,
+)
 from services.ledger import LedgerClient
 
 log = logging.getLogger("keel.compaction")
@@ -63,7 +68,7 @@ def compaction_service(
     )
 
 
-class CompactionServer:
+class CompactionServer(ServedOnOneAddress):
     """The compaction service alone on one address."""
 
     def __init__(
@@ -97,11 +102,6 @@ class CompactionServer:
             raise
         return self
 
-    @property
-    def target(self) -> str:
-        assert self.running is not None
-        return self.running.address
-
     async def stop(self, grace: float = 2.0) -> None:
         if self.running is not None:
             await self.running.stop(grace)
@@ -127,9 +127,4 @@ async def run_compaction(
         address,
         default_context_window=default_context_window,
     ).start()
-    log.info("compaction listening on %s", server.target)
-    print(f"compaction listening on {server.target}", flush=True)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await server.stop()
+    await serve_until_cancelled(server, "compaction", log)

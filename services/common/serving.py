@@ -9,10 +9,11 @@ loopback, so one process exercises exactly the production code paths.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -107,6 +108,38 @@ class RunningServer:
             if service.on_drain is not None:
                 await service.on_drain()
         await self.server.stop(grace)
+
+
+class ServedOnOneAddress:
+    """A service process's server once started: `running` is set by its
+    `start` and cleared by its `stop`."""
+
+    running: RunningServer | None
+
+    @property
+    def target(self) -> str:
+        """The address callers reach it at ("127.0.0.1:<port>")."""
+        assert self.running is not None
+        return self.running.address
+
+
+class _StartedServer(Protocol):
+    @property
+    def target(self) -> str: ...
+
+    async def stop(self, grace: float = 2.0) -> None: ...
+
+
+async def serve_until_cancelled(server: _StartedServer, name: str, logger: logging.Logger) -> None:
+    """Says where `server` listens (the "<name> listening on <address>" line
+    supervisors and tests wait for), serves until cancelled (SIGINT/SIGTERM),
+    then stops it."""
+    logger.info("%s listening on %s", name, server.target)
+    print(f"{name} listening on {server.target}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.stop()
 
 
 def message_size_options(settings: Settings) -> list[tuple[str, Any]]:

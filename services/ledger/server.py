@@ -6,7 +6,12 @@ import asyncio
 import logging
 
 from services.common.config import Settings
-from services.common.serving import RunningServer, serve_services
+from services.common.serving import (
+    RunningServer,
+    ServedOnOneAddress,
+    serve_services,
+    serve_until_cancelled,
+)
 from services.ledger.servicer import ledger_service
 from services.ledger.store import LedgerStore
 from services.ledger.waker import SessionWaker
@@ -14,7 +19,7 @@ from services.ledger.waker import SessionWaker
 log = logging.getLogger("keel.ledger")
 
 
-class LedgerServer:
+class LedgerServer(ServedOnOneAddress):
     """The ledger store served over gRPC on one address."""
 
     def __init__(self, settings: Settings, address: str = "127.0.0.1:0") -> None:
@@ -33,11 +38,6 @@ class LedgerServer:
         self.running = await serve_services([service], self.address, self.settings)
         return self
 
-    @property
-    def target(self) -> str:
-        assert self.running is not None
-        return self.running.address
-
     async def stop(self, grace: float = 2.0) -> None:
         if self.running is not None:
             await self.running.stop(grace)
@@ -48,9 +48,4 @@ class LedgerServer:
 async def run_ledger(settings: Settings, address: str) -> None:
     """Serves until cancelled (SIGINT/SIGTERM), then drains subscribers."""
     server = await LedgerServer(settings, address).start()
-    log.info("ledger listening on %s", server.target)
-    print(f"ledger listening on {server.target}", flush=True)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await server.stop()
+    await serve_until_cancelled(server, "ledger", log)
