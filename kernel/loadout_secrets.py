@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kernel.errors import InvalidLoadout
-from kernel.loadout import member_path
+from kernel.loadout_fields import member_path
 from services.common.secrets import (
     DEFAULT_KEY_ENV,
     OFFICIAL_BASE_URL,
