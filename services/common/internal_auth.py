@@ -207,6 +207,9 @@ class TokenServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-a
 
 
 class _TokenCarrier:
+    """Adds the internal token to a call's metadata, whatever its kind: gRPC
+    wants one interceptor object per kind, and each forwards the same way."""
+
     def __init__(self, token: str) -> None:
         self._token = token
 
@@ -221,39 +224,28 @@ class _TokenCarrier:
             details.wait_for_ready,
         )
 
-
-class TokenUnaryUnaryInterceptor(_TokenCarrier, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
-    async def intercept_unary_unary(
+    async def _forward(
         self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
     ) -> Any:
+        # `request` is the request, or the request iterator of a client stream.
         return await continuation(self._with_token(client_call_details), request)
+
+
+class TokenUnaryUnaryInterceptor(_TokenCarrier, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    intercept_unary_unary = _TokenCarrier._forward
 
 
 class TokenUnaryStreamInterceptor(_TokenCarrier, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
-    async def intercept_unary_stream(
-        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
-    ) -> Any:
-        return await continuation(self._with_token(client_call_details), request)
+    intercept_unary_stream = _TokenCarrier._forward
 
 
 class TokenStreamUnaryInterceptor(_TokenCarrier, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[type-arg]
-    async def intercept_stream_unary(
-        self,
-        continuation: Any,
-        client_call_details: grpc.aio.ClientCallDetails,
-        request_iterator: Any,
-    ) -> Any:
-        return await continuation(self._with_token(client_call_details), request_iterator)
+    # gRPC passes the request iterator by position; only its name differs.
+    intercept_stream_unary = _TokenCarrier._forward  # type: ignore[assignment]
 
 
 class TokenStreamStreamInterceptor(_TokenCarrier, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[type-arg]
-    async def intercept_stream_stream(
-        self,
-        continuation: Any,
-        client_call_details: grpc.aio.ClientCallDetails,
-        request_iterator: Any,
-    ) -> Any:
-        return await continuation(self._with_token(client_call_details), request_iterator)
+    intercept_stream_stream = _TokenCarrier._forward  # type: ignore[assignment]
 
 
 def token_interceptors(token: str) -> list[Any]:
