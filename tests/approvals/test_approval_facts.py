@@ -18,8 +18,7 @@ import pytest
 from services.common.config import Settings
 from services.ledger import FactToAppend, InvalidFact, InvalidId, LedgerClient, LedgerServer
 from services.ledger.errors import ApprovalDecided, ApprovalNotPending, UnknownToolCall
-from tests.support.databases import settings_env
-from tests.support.processes import ChildProcess
+from tests.support.replicas import ledger_processes
 
 CALL = {"id": "call-1", "name": "counter", "arguments": {"key": "k"}}
 
@@ -160,16 +159,8 @@ async def test_a_cancel_behind_a_waiting_call_is_work(client: LedgerClient) -> N
 
 @pytest.fixture
 def two_ledgers(pg_settings: Settings) -> Iterator[tuple[str, str]]:
-    env = settings_env(pg_settings)
-    children = [
-        ChildProcess.python("-m", "services.ledger", "--address", "127.0.0.1:0", env=env)
-        for _ in range(2)
-    ]
-    try:
-        yield children[0].wait_listening(), children[1].wait_listening()
-    finally:
-        for child in children:
-            child.kill()
+    with ledger_processes(pg_settings, 2) as (first, second):
+        yield first, second
 
 
 async def test_racing_decisions_through_two_ledger_processes_land_once(

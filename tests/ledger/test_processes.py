@@ -10,23 +10,13 @@ import pytest
 from services.common.config import Settings
 from services.ledger import LedgerClient
 from services.ledger.store import LedgerStore
-from tests.support.databases import settings_env
-from tests.support.processes import ChildProcess
-from tests.support.replicas import start_at_once
+from tests.support.replicas import ledger_processes, start_at_once
 
 
 @pytest.fixture
 def two_ledgers(pg_settings: Settings) -> Iterator[tuple[str, str]]:
-    env = settings_env(pg_settings)
-    children = [
-        ChildProcess.python("-m", "services.ledger", "--address", "127.0.0.1:0", env=env)
-        for _ in range(2)
-    ]
-    try:
-        yield children[0].wait_listening(), children[1].wait_listening()
-    finally:
-        for child in children:
-            child.kill()
+    with ledger_processes(pg_settings, 2) as (first, second):
+        yield first, second
 
 
 async def test_subscriber_on_one_sees_appends_through_the_other(
