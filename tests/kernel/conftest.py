@@ -8,7 +8,7 @@ import pytest
 
 from kernel import KernelClient, KernelServer
 from services.common.config import Settings
-from tests.support.kernel_stores import FAST, LONG_TTL_MS, Stores, open_stores
+from tests.support.kernel_stores import FAST, LONG_TTL_MS, NO_RECHECK, Stores, open_stores
 
 
 @pytest.fixture
@@ -26,6 +26,14 @@ def long_ttl(settings: Settings) -> Settings:
 @pytest.fixture
 async def kernel(long_ttl: Settings) -> AsyncIterator[KernelServer]:
     server = await KernelServer(long_ttl, config=FAST).start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def evented(long_ttl: Settings) -> AsyncIterator[KernelServer]:
+    """A kernel whose claims are woken by events alone (no periodic re-check)."""
+    server = await KernelServer(long_ttl, config=NO_RECHECK).start()
     yield server
     await server.stop()
 

@@ -22,25 +22,14 @@ from kernel import (
     UnknownRuntime,
     UnknownSession,
 )
-from kernel.config import KernelConfig
 from kernel.lease_stream_server import LEASE_STREAM
 from services.common import hops
-from services.common.config import Settings
 from services.common.errors import error_info
 from services.common.serving import open_channel
 from tests.support.polling import eventually
 
-# A claim is woken by an event only: the periodic re-check never fires.
-NO_RECHECK = KernelConfig(recheck_ms=600_000, sweep_ms=20, attach_heartbeat_ms=200)
 # A safety net for awaiting what must happen; never a measurement.
 DEADLINE_S = 20.0
-
-
-@pytest.fixture
-async def evented(long_ttl: Settings) -> AsyncIterator[KernelServer]:
-    server = await KernelServer(long_ttl, config=NO_RECHECK).start()
-    yield server
-    await server.stop()
 
 
 class RawStream:

@@ -25,7 +25,6 @@ from kernel import (
     UnknownSession,
     UnknownTenant,
 )
-from kernel.config import KernelConfig
 from kernel.domain import FailureKind
 from services.common.config import Settings
 from services.common.errors import error_info
@@ -33,17 +32,8 @@ from services.common.serving import open_channel
 from tests.support.kernel_stores import FAST
 from tests.support.polling import eventually
 
-# A claim must be woken by an event: the periodic re-check never fires.
-NO_RECHECK = KernelConfig(recheck_ms=600_000, sweep_ms=20, attach_heartbeat_ms=200)
 # A safety net for awaiting something that must happen; never a measurement.
 DEADLINE_S = 20.0
-
-
-@pytest.fixture
-async def evented(long_ttl: Settings) -> AsyncIterator[KernelServer]:
-    server = await KernelServer(long_ttl, config=NO_RECHECK).start()
-    yield server
-    await server.stop()
 
 
 async def test_a_session_round_trip(client: KernelClient) -> None:

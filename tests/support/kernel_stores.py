@@ -22,6 +22,8 @@ FAST = KernelConfig(
     sweep_ms=20,
     attach_heartbeat_ms=200,
 )
+# A claim is woken by an event only: the periodic re-check never fires.
+NO_RECHECK = KernelConfig(recheck_ms=600_000, sweep_ms=20, attach_heartbeat_ms=200)
 
 
 # Long enough that only an explicit expiry (never the TTL) can end a lease.
