@@ -9,14 +9,7 @@ from typing import Any
 from services.runner.server import RunnerServer
 from tests.support.edge_stack import Stack
 from tests.support.polling import eventually
-from tests.support.runtime_status import (
-    ACME_ADMIN,
-    GLOBEX_ADMIN,
-    OPERATOR,
-    make_keys,
-    start_running,
-    status,
-)
+from tests.support.runtime_status import key_holders, start_running, status
 
 
 def held(report: dict[str, Any]) -> list[dict[str, str]]:
@@ -27,9 +20,7 @@ def held(report: dict[str, Any]) -> list[dict[str, str]]:
 async def test_each_admin_sees_its_own_sessions_and_an_operator_sees_all(
     stack: Stack, runner: RunnerServer
 ) -> None:
-    await make_keys(stack)
-    acme, globex, operator = (stack.client(k) for k in (ACME_ADMIN, GLOBEX_ADMIN, OPERATOR))
-    try:
+    async with key_holders(stack) as (acme, globex, operator):
         await start_running(acme, "a-1")
         await start_running(globex, "g-1")
         both = [{"id": "a-1", "tenant": "acme"}, {"id": "g-1", "tenant": "globex"}]
@@ -57,15 +48,10 @@ async def test_each_admin_sees_its_own_sessions_and_an_operator_sees_all(
             for runtime in report["runtimes"]:
                 assert {"drainMode", "claiming", "inFlightRuns"} <= runtime.keys()
                 assert not {"host", "pid", "address"} & runtime.keys()
-    finally:
-        for client in (acme, globex, operator):
-            await client.aclose()
 
 
 async def test_draining_needs_an_operator_key(stack: Stack, runner: RunnerServer) -> None:
-    await make_keys(stack)
-    acme, operator = stack.client(ACME_ADMIN), stack.client(OPERATOR)
-    try:
+    async with key_holders(stack) as (acme, _globex, operator):
         await start_running(acme, "a-1")
         refused = await acme.post(
             "/v1/runtime/drain", json={"mode": "handoff", "runtimeId": runner.runtime_id}
@@ -81,6 +67,3 @@ async def test_draining_needs_an_operator_key(stack: Stack, runner: RunnerServer
         )
         assert drained.status_code == 202, drained.text
         assert runner.runtime.drain_mode == "shutdown" and not runner.runtime.claiming
-    finally:
-        for client in (acme, operator):
-            await client.aclose()

@@ -9,14 +9,7 @@ from typing import Any
 from services.runner.server import RunnerServer
 from tests.support.edge_stack import Stack
 from tests.support.polling import eventually
-from tests.support.runtime_status import (
-    ACME_ADMIN,
-    GLOBEX_ADMIN,
-    OPERATOR,
-    make_keys,
-    start_running,
-    status,
-)
+from tests.support.runtime_status import key_holders, start_running, status
 
 
 def runner_entry(report: dict[str, Any], runner: RunnerServer) -> dict[str, Any]:
@@ -27,9 +20,7 @@ def runner_entry(report: dict[str, Any], runner: RunnerServer) -> dict[str, Any]
 async def test_a_tenant_admin_counts_only_its_own_runs_in_flight(
     stack: Stack, runner: RunnerServer
 ) -> None:
-    await make_keys(stack)
-    acme, globex, operator = (stack.client(k) for k in (ACME_ADMIN, GLOBEX_ADMIN, OPERATOR))
-    try:
+    async with key_holders(stack) as (acme, globex, operator):
         await start_running(acme, "a-1")
         for session in ("g-1", "g-2"):
             await start_running(globex, session)
@@ -51,6 +42,3 @@ async def test_a_tenant_admin_counts_only_its_own_runs_in_flight(
             # The count is the admin's own runs, not the runner's total.
             assert entry["inFlightRuns"] == len(own), entry
             assert sum(r["inFlightRuns"] for r in report["runtimes"]) == len(own)
-    finally:
-        for client in (acme, globex, operator):
-            await client.aclose()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -46,3 +48,18 @@ async def make_keys(stack: Stack) -> None:
     await kernel.create_api_key("globex", GLOBEX_ADMIN, admin=True)
     # An operator that administers no tenant's loadout.
     await kernel.create_api_key("ops", OPERATOR, operator=True)
+
+
+@asynccontextmanager
+async def key_holders(
+    stack: Stack,
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, httpx.AsyncClient]]:
+    """The tenants and keys of `make_keys`, and a client of the edge for each
+    key: acme's admin, globex's admin and the operator (closed after)."""
+    await make_keys(stack)
+    acme, globex, operator = (stack.client(k) for k in (ACME_ADMIN, GLOBEX_ADMIN, OPERATOR))
+    try:
+        yield acme, globex, operator
+    finally:
+        for client in (acme, globex, operator):
+            await client.aclose()
