@@ -15,7 +15,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from pathlib import Path
 
 import httpx
@@ -23,9 +22,9 @@ import pytest
 
 from keel_client import AsyncKeelClient, ClientOptions, Delta, Event, Fact, ReconnectPolicy
 from tests.support.client_events import answers, fact_seqs, has_seq, read_until
+from tests.support.keel_up import keel_up_processes
 from tests.support.polling import eventually
 from tests.support.ports import free_port
-from tests.support.processes import ChildProcess
 
 pytestmark = pytest.mark.slow
 
@@ -38,23 +37,7 @@ async def test_the_iterator_survives_a_sigkilled_edge_without_gap_or_duplicate(
 ) -> None:
     caplog.set_level(logging.INFO, logger="keel_client")
     http_port, grpc_port = free_port(), free_port()
-    env = dict(os.environ, KEEL_DEV_KEY=KEY, PYTHONUNBUFFERED="1")
-    env.pop("KEEL_DATABASE_URL", None)
-    keel_cli = Path(sys.executable).with_name("keel")
-    child = ChildProcess(
-        [
-            str(keel_cli),
-            "up",
-            "--processes",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--http-port",
-            str(http_port),
-            "--grpc-port",
-            str(grpc_port),
-        ],
-        env=env,
-    )
+    child = keel_up_processes(tmp_path / "data", KEY, http_port, grpc_port)
     options = ClientOptions(reconnect=ReconnectPolicy(max_backoff_s=0.5, give_up_after_s=90))
     try:
         edge_line = await child.line(lambda text: text.strip().startswith("edge: pid"), 90)

@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
 
 import httpx
 
+from tests.support.keel_up import keel_up_processes
 from tests.support.polling import eventually
 from tests.support.ports import free_port
-from tests.support.processes import ChildProcess
 
 KEY = "processes-test-key-0123456789"
 
@@ -23,23 +22,7 @@ async def test_the_supervisor_restarts_a_killed_runner_and_the_session_goes_on(
     tmp_path: Path,
 ) -> None:
     port = free_port()
-    env = dict(os.environ, KEEL_DEV_KEY=KEY, PYTHONUNBUFFERED="1")
-    env.pop("KEEL_DATABASE_URL", None)
-    keel = Path(sys.executable).with_name("keel")
-    child = ChildProcess(
-        [
-            str(keel),
-            "up",
-            "--processes",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--http-port",
-            str(port),
-            "--grpc-port",
-            "0",
-        ],
-        env=env,
-    )
+    child = keel_up_processes(tmp_path / "data", KEY, port, 0)
     try:
         runner_line = await child.line(lambda text: text.strip().startswith("runner-1: pid"), 60)
         runner_pid = int(runner_line.split()[-1])

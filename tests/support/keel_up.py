@@ -118,6 +118,21 @@ def keel_up(
             raise
 
 
+def keel_up_processes(data_dir: Path, key: str, http_port: int, grpc_port: int) -> ChildProcess:
+    """`keel up --processes` (each service its own OS process) with dev key
+    `key` on the given ports, started but not yet waited for; its database is
+    its data dir's own, whatever KEEL_DATABASE_URL the test run has."""
+    env = dict(os.environ, KEEL_DEV_KEY=key, PYTHONUNBUFFERED="1")
+    env.pop("KEEL_DATABASE_URL", None)
+    return ChildProcess(
+        [
+            *(str(KEEL), "up", "--processes", "--data-dir", str(data_dir)),
+            *("--http-port", str(http_port), "--grpc-port", str(grpc_port)),
+        ],
+        env=env,
+    )
+
+
 def free_port_run(count: int, attempts: int = 50) -> int:
     """The first of `count` consecutive loopback ports nothing listens on now
     (for `--grpc-base-port`), below the kernel's ephemeral range so that no
