@@ -12,10 +12,12 @@ frames, never sleep.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+from playwright.async_api import Browser
 
 from compaction.server import CompactionServer
 from edge.gateway import EdgeConfig
@@ -24,6 +26,7 @@ from services.common.config import Settings
 from services.runner.server import RunnerServer
 from tests.support.cluster import start_cluster, stop_cluster
 from tests.support.edge_stack import ADMIN_KEY, DEADLINE_S, Stack
+from tests.support.web_page import keel_up, launched_browser, require_chromium
 
 
 @pytest.fixture
@@ -72,3 +75,18 @@ async def stack(pg_settings: Settings) -> AsyncIterator[Stack]:
 async def runner(stack: Stack) -> RunnerServer:
     """An in-process runner working for `stack` (stopped with it)."""
     return await stack.start_runner()
+
+
+@pytest.fixture
+def base_url(tmp_path: Path) -> Iterator[str]:
+    """The URL of a whole `keel up`, for the web page's tests in a real
+    browser (skipped without Chromium, failed under CI)."""
+    require_chromium()
+    with keel_up(tmp_path / "data") as url:
+        yield url
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with launched_browser() as launched:
+        yield launched

@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -29,7 +28,6 @@ from tests.support.web_page import (
     WAIT_MS,
     KeelUp,
     keel_up_process,
-    launched_browser,
     require_chromium,
 )
 
@@ -58,12 +56,6 @@ async def post_until_served(base_url: str, session_id: str, text: str) -> None:
             return sent.status_code in (200, 202)
 
         await eventually(taken, "the restarted edge to take the input", WAIT_MS / 1000)
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with launched_browser() as launched:
-        yield launched
 
 
 async def test_the_page_streams_with_its_key_in_a_header_only(

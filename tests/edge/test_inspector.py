@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,27 +25,12 @@ from tests.support.polling import eventually
 from tests.support.web_page import (
     KEY,
     WAIT_MS,
-    keel_up,
     keel_up_process,
-    launched_browser,
     require_chromium,
     screenshot_path,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
-
-
-@pytest.fixture
-def base_url(tmp_path: Path) -> Iterator[str]:
-    require_chromium()
-    with keel_up(tmp_path / "data") as url:
-        yield url
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with launched_browser() as launched:
-        yield launched
 
 
 SLOW = "/slow 3 one two three four five six seven eight"

@@ -17,7 +17,6 @@ summary slow enough to watch. Screenshots go to test-artifacts/.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -27,9 +26,7 @@ from playwright.async_api import Browser, Page, Request, expect
 from tests.support.web_page import (
     KEY,
     WAIT_MS,
-    keel_up,
     keel_up_process,
-    launched_browser,
     require_chromium,
     screenshot_path,
     talk_until_compacted,
@@ -42,19 +39,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 WORDS = "the quick brown fox jumps over the lazy dog while the page reloads midway through"
 MESSAGE = f"/slow 6 {WORDS}"
 ANSWER = f"You said: {WORDS}"
-
-
-@pytest.fixture
-def base_url(tmp_path: Path) -> Iterator[str]:
-    require_chromium()
-    with keel_up(tmp_path / "data") as url:
-        yield url
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with launched_browser() as launched:
-        yield launched
 
 
 async def transcript_counts(page: Page) -> dict[str, int]:
