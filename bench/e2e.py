@@ -38,6 +38,7 @@ import httpx
 import psycopg
 from psycopg import sql
 
+from bench.children import start_until_ready, stop_child
 from bench.cluster import DEFAULT_URL
 from bench.followers import Followers
 from bench.turns import percentile
@@ -135,32 +136,23 @@ def _start_keel(
             "KEEL_EDGE_STREAMS_PER_TENANT": "2000",
         }
     )
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "services.cli.main",
-            "up",
-            "--database-url",
-            url,
-            "--data-dir",
-            tempfile.mkdtemp(prefix="keel-bench-"),
-            "--http-port",
-            str(port),
-            "--grpc-port",
-            str(grpc_port),
-            "--processes" if processes else "--embedded",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("Keel is up"):
-            return proc
-    raise RuntimeError("keel up did not start")
+    command = [
+        sys.executable,
+        "-m",
+        "services.cli.main",
+        "up",
+        "--database-url",
+        url,
+        "--data-dir",
+        tempfile.mkdtemp(prefix="keel-bench-"),
+        "--http-port",
+        str(port),
+        "--grpc-port",
+        str(grpc_port),
+        "--processes" if processes else "--embedded",
+    ]
+    proc, _ = start_until_ready(command, env, "Keel is up", "keel up")
+    return proc
 
 
 class HttpTurns:
@@ -376,13 +368,6 @@ def measure(
             result["edge"] = "keel up --processes on PostgreSQL; clients in another process"
         return result
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        stop_child(proc, timeout_s=30)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

@@ -40,6 +40,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench.children import start_until_ready
 from bench.grpc_floor import measure_floor
 from services.common.config import Settings
 from services.ledger import FactToAppend, LedgerClient
@@ -71,18 +72,13 @@ def raw_insert_loop(url: str, schema: str, count: int) -> float:
 
 
 def start_ledger(env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
+    proc, line = start_until_ready(
         [sys.executable, "-m", "services.ledger", "--address", "127.0.0.1:0"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+        env,
+        "ledger listening on ",
+        "the ledger process",
     )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("ledger listening on "):
-            return proc, line.split()[-1]
-    raise RuntimeError("the ledger process did not start")
+    return proc, line.split()[-1]
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from typing import Any
 from agent_io.loadout import Loadout
 from agent_io.tools import CounterStore, ToolCall, ToolRegistry, builtin_tools, idempotency_key
 from agent_io.tools.factory import SourceFactory, ToolDefaults
+from bench.children import stop_child
 from bench.turns import percentile
 from services.common.secrets import SecretPolicy
 
@@ -62,14 +63,7 @@ def _network_server(kind: str) -> Iterator[str]:
             raise RuntimeError(f"the {kind} tool server exited before it listened")
         yield address
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+        stop_child(process, timeout_s=10)
 
 
 def _own_time_ms(content: str) -> float:
