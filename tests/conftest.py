@@ -18,6 +18,7 @@ import pytest
 from services.common.config import Settings
 from tests.support.databases import drop_schema, pg_url
 from tests.support.internal_auth import with_token
+from tests.support.replicas import ledger_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 # MCP test servers run the test's interpreter and write into the test's
@@ -55,6 +56,13 @@ def pg_settings(postgres_url: str, tmp_path: Path) -> Iterator[Settings]:
         Settings(database_url=postgres_url, pg_schema=schema, data_dir=tmp_path / "data")
     )
     drop_schema(postgres_url, schema)
+
+
+@pytest.fixture
+def two_ledgers(pg_settings: Settings) -> Iterator[tuple[str, str]]:
+    """The addresses of two ledger processes on the database of `pg_settings`."""
+    with ledger_processes(pg_settings, 2) as (first, second):
+        yield first, second
 
 
 @pytest.fixture

@@ -11,14 +11,13 @@ input behind it, until the decision (or a cancel) comes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
 from services.common.config import Settings
 from services.ledger import FactToAppend, InvalidFact, InvalidId, LedgerClient, LedgerServer
 from services.ledger.errors import ApprovalDecided, ApprovalNotPending, UnknownToolCall
-from tests.support.replicas import ledger_processes
 
 CALL = {"id": "call-1", "name": "counter", "arguments": {"key": "k"}}
 
@@ -155,12 +154,6 @@ async def test_a_cancel_behind_a_waiting_call_is_work(client: LedgerClient) -> N
     await client.append_one("s", "cancelled", {"reason": "client"})
     page = await client.list_sessions(owing_only=True)
     assert [s.session_id for s in page.sessions] == ["s"]
-
-
-@pytest.fixture
-def two_ledgers(pg_settings: Settings) -> Iterator[tuple[str, str]]:
-    with ledger_processes(pg_settings, 2) as (first, second):
-        yield first, second
 
 
 async def test_racing_decisions_through_two_ledger_processes_land_once(

@@ -3,20 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-
-import pytest
 
 from services.common.config import Settings
 from services.ledger import LedgerClient
 from services.ledger.store import LedgerStore
-from tests.support.replicas import ledger_processes, start_at_once
-
-
-@pytest.fixture
-def two_ledgers(pg_settings: Settings) -> Iterator[tuple[str, str]]:
-    with ledger_processes(pg_settings, 2) as (first, second):
-        yield first, second
+from tests.support.replicas import start_at_once
 
 
 async def test_subscriber_on_one_sees_appends_through_the_other(
