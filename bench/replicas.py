@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -55,26 +56,47 @@ class SupervisedKeel:
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
-    async def start(cls, database_url: str, schema: str, lease_ms: int) -> SupervisedKeel:
+    async def launch(
+        cls,
+        database_url: str,
+        schema: str,
+        key: str,
+        up_args: Sequence[str],
+        *,
+        data_dir_prefix: str = "keel-bench-",
+        **settings: str,
+    ) -> SupervisedKeel:
+        """`keel up --processes UP_ARGS` on PostgreSQL (its own `schema`) with
+        dev key `key`, any free ports and `settings` in its environment; it
+        makes its own internal token."""
         env = {k: v for k, v in os.environ.items() if k != "KEEL_INTERNAL_TOKEN"}
         env.update(
             KEEL_DATABASE_URL=database_url,
             KEEL_PG_SCHEMA=schema,
-            KEEL_DEV_KEY=BENCH_KEY,
-            KEEL_LEASE_MS=str(lease_ms),
+            KEEL_DEV_KEY=key,
             KEEL_LOG_LEVEL="WARNING",
             PYTHONUNBUFFERED="1",
+            **settings,
         )
         process = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "services.cli.main", "up", "--processes"),
-            *("--ledgers", "2", "--kernels", "2"),
-            *("--data-dir", tempfile.mkdtemp(prefix="keel-bench-")),
+            *(sys.executable, "-m", "services.cli.main", "up", "--processes", *up_args),
+            *("--data-dir", tempfile.mkdtemp(prefix=data_dir_prefix)),
             *("--http-port", "0", "--grpc-port", "0"),
             env=env,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
         return cls(process)
+
+    @classmethod
+    async def start(cls, database_url: str, schema: str, lease_ms: int) -> SupervisedKeel:
+        return await cls.launch(
+            database_url,
+            schema,
+            BENCH_KEY,
+            ("--ledgers", "2", "--kernels", "2"),
+            KEEL_LEASE_MS=str(lease_ms),
+        )
 
     async def _read(self) -> None:
         assert self.process.stdout is not None

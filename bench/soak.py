@@ -22,8 +22,6 @@ import os
 import random
 import re
 import statistics
-import sys
-import tempfile
 import time
 import uuid
 from typing import Any
@@ -51,27 +49,16 @@ SETTLE_DEADLINE_S = 300.0
 
 
 async def _start(database_url: str, schema: str, runners: int) -> SupervisedKeel:
-    env = {k: v for k, v in os.environ.items() if k != "KEEL_INTERNAL_TOKEN"}
-    env.update(
-        KEEL_DATABASE_URL=database_url,
-        KEEL_PG_SCHEMA=schema,
-        KEEL_DEV_KEY=BENCH_KEY,
-        KEEL_LOG_LEVEL="WARNING",
-        PYTHONUNBUFFERED="1",
+    return await SupervisedKeel.launch(
+        database_url,
+        schema,
+        BENCH_KEY,
+        ("--runners", str(runners)),
+        data_dir_prefix="keel-bench-soak-",
         # One reader per session on one key: beyond the per-key default.
         KEEL_EDGE_STREAMS_PER_KEY="2000",
         KEEL_EDGE_STREAMS_PER_TENANT="2000",
     )
-    process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "services.cli.main", "up", "--processes"),
-        *("--runners", str(runners)),
-        *("--data-dir", tempfile.mkdtemp(prefix="keel-bench-soak-")),
-        *("--http-port", "0", "--grpc-port", "0"),
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    return SupervisedKeel(process)
 
 
 class _Soak:
