@@ -25,7 +25,7 @@ from services.common.serving import (
 )
 from services.ledger import LedgerClient
 
-log = logging.getLogger("keel.compaction")
+log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CompactionService"].full_name
 

@@ -81,7 +81,7 @@ from services.ledger.facts import (
 )
 from services.ledger.views import SessionView
 
-log = logging.getLogger("keel.compaction")
+log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
 
 REASONS = ("threshold", "overflow", "manual")

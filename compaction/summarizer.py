@@ -34,7 +34,7 @@ from compaction.policy import (
 )
 from services.common import faults
 
-log = logging.getLogger("keel.compaction.summarizer")
+log = logging.getLogger(__name__)
 
 # Manual instructions longer than this are cut: they are a focus hint, and an
 # unbounded one could push the summary request out of the model's window.

@@ -44,7 +44,7 @@ from services.ledger.facts import (
 if TYPE_CHECKING:
     from edge.gateway import Gateway
 
-log = logging.getLogger("keel.edge.approvals")
+log = logging.getLogger(__name__)
 
 # Facts read per page while looking for the approvals a session waits on.
 _PAGE = 500

@@ -42,7 +42,7 @@ from services.common.errors import KeelError
 if TYPE_CHECKING:
     from edge.limits import FailedKeys
 
-log = logging.getLogger("keel.edge.auth")
+log = logging.getLogger(__name__)
 
 AUTH_CACHE_S = 30.0
 # Reconnect delays of the revocation watch after the kernel went away.

@@ -56,7 +56,7 @@ from services.ledger import CommittedFact, LedgerClient
 from services.runner.client import RunnerClient
 from services.runner.events import IDLE, Partial, StatusChange
 
-log = logging.getLogger("keel.edge.fanout")
+log = logging.getLogger(__name__)
 _CLOSED = object()
 
 

@@ -48,7 +48,7 @@ from services.ledger import CommittedFact
 from services.ledger.facts import EPOCH_STARTED
 from services.runner.events import IDLE, Committed, Partial, ReplayEnd, StatusChange, WatchEvent
 
-log = logging.getLogger("keel.edge.fanout")
+log = logging.getLogger(__name__)
 # A fact waits for its mark only while the runner says something at least
 # this often, and only this many facts wait (past either, they go out:
 # facts are never held back for a preview by a runner that is not there).

@@ -47,7 +47,7 @@ from services.ledger.facts import check_id
 from services.runner.client import RunnerClient
 from services.runner.events import IDLE, RUNNING, SessionState, StatusChange
 
-log = logging.getLogger("keel.edge")
+log = logging.getLogger(__name__)
 
 # How long GET /v1/sessions/{id} waits for the owner runner's state.
 RUNNER_STATE_TIMEOUT_S = 2.0

@@ -57,7 +57,7 @@ from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
 from services.common.errors import KeelError, guarded, rich_status
 from services.common.serving import GrpcService
 
-log = logging.getLogger("keel.edge.grpc")
+log = logging.getLogger(__name__)
 
 SERVICE_NAME = "keel.sessions.v1.SessionService"
 # How long a caller told UNAVAILABLE should wait before trying again.

@@ -38,7 +38,7 @@ from edge.errors import BadRequest, EdgeError, Unauthorized, error_response, sho
 from edge.gateway import Gateway
 from edge.limits import DEFAULT_MAX_BODY_BYTES, Guards, client_address, too_large
 
-log = logging.getLogger("keel.edge.http")
+log = logging.getLogger(__name__)
 
 # The default limit of a JSON body; `ClientLimits.max_body_bytes` sets it.
 MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES

@@ -29,7 +29,7 @@ from services.common.outage_log import OutageLog
 from services.ledger.facts import INPUT
 from services.ledger.packed_facts import pack_input
 
-log = logging.getLogger("keel.edge.inputs")
+log = logging.getLogger(__name__)
 # Inputs committed whose session the kernel could not be told of.
 WAKE_UPS = OutageLog(log, "kernel", attempts="wake-ups of committed inputs failed")
 

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from services.common.outage_log import OutageLog
 
-log = logging.getLogger("keel.edge")
+log = logging.getLogger(__name__)
 
 # How often the services are asked whether they answer again.
 PROBE_EVERY_S = 1.0

@@ -46,7 +46,7 @@ from services.common.config import Settings
 from services.common.runtime_records import forget_runtime, local_dial_address, record_runtime
 from services.common.serving import RunningServer, serve_services
 
-log = logging.getLogger("keel.edge")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 

@@ -52,7 +52,7 @@ __all__ = [
     "fact_json",
 ]
 
-log = logging.getLogger("keel.edge.sse")
+log = logging.getLogger(__name__)
 
 
 class _UntilEnded:

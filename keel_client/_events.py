@@ -37,7 +37,7 @@ from keel_client._errors import (
 )
 from keel_client._types import Delta, Event, Fact, Status
 
-log = logging.getLogger("keel_client")
+log = logging.getLogger(__name__)
 
 Metadata = Sequence[tuple[str, str]]
 

@@ -21,7 +21,7 @@ import contextlib
 import threading
 from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from keel_client._async_client import AsyncKeelClient
 from keel_client._config import ClientOptions
@@ -90,7 +90,25 @@ class _LoopThread:
         self._loop.close()
 
 
-class SyncIterator(Iterator[T]):
+class _ClosedOnExit:
+    """`with` closes it, however the block ends."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class SyncIterator(_ClosedOnExit, Iterator[T]):
     """A blocking view of one of the async client's iterators."""
 
     def __init__(self, loop: _LoopThread, source: AsyncGenerator[T, None]) -> None:
@@ -115,19 +133,8 @@ class SyncIterator(Iterator[T]):
         with contextlib.suppress(ClientClosed):
             self._loop.run(self._source.aclose())
 
-    def __enter__(self) -> SyncIterator[T]:
-        return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class KeelClient:
+class KeelClient(_ClosedOnExit):
     """The blocking twin of `AsyncKeelClient`: same arguments, same results,
     same errors. Use as `with KeelClient(...) as keel:` or call `close()`."""
 
@@ -159,17 +166,6 @@ class KeelClient:
             self._loop.run(self._client.close())
         finally:
             self._loop.stop()
-
-    def __enter__(self) -> KeelClient:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def create_session(self, session_id: str | None = None) -> str:
         return self._loop.run(self._client.create_session(session_id))

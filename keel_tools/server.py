@@ -75,7 +75,7 @@ __all__ = [
     "serve_tools",
 ]
 
-log = logging.getLogger("keel_tools")
+log = logging.getLogger(__name__)
 
 TOKEN_ENV = "KEEL_TOOL_TOKEN"
 TOKEN_METADATA = "x-keel-tool-token"

@@ -69,7 +69,7 @@ _IDEMPOTENT_METHODS = (
 )
 
 R = TypeVar("R")
-log = logging.getLogger("keel.kernel.client")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from services.common.config import Settings
 from services.common.errors import DatabaseUnavailable, ServiceUnavailable
 from services.common.pg_pool import OutageGate, answers, heal_quickly
 
-log = logging.getLogger("keel.kernel.database")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Row = tuple[Any, ...]

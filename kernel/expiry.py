@@ -63,7 +63,7 @@ from kernel.store import LeaseStore, now_ms
 from services.common.errors import KeelError
 from services.common.outage_log import OutageLog
 
-log = logging.getLogger("keel.kernel.expiry")
+log = logging.getLogger(__name__)
 
 
 class Attachments:

@@ -19,7 +19,7 @@ from kernel.domain import Transition
 from kernel.lease_rows import SELECT_SESSIONS, LeaseRows, session_record
 
 # The store's logger, as before these operations had a module of their own.
-log = logging.getLogger("keel.kernel.store")
+log = logging.getLogger(__name__)
 
 # Leases expired per sweep transaction.
 SWEEP_BATCH = 500

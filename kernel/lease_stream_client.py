@@ -36,7 +36,7 @@ from services.common import tracing
 from services.common.errors import KeelError, ServiceUnavailable, Unimplemented
 from services.common.rpc import streaming, unary
 
-log = logging.getLogger("keel.kernel.lease_stream")
+log = logging.getLogger(__name__)
 
 
 class StreamBroken(ServiceUnavailable):

@@ -32,7 +32,7 @@ from kernel.errors import InvalidArgument
 from services.common import hops, tracing
 from services.common.errors import as_reported
 
-log = logging.getLogger("keel.kernel.lease_stream")
+log = logging.getLogger(__name__)
 
 LEASE_STREAM = "keel.kernel.v1.KernelService/LeaseStream"
 

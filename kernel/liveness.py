@@ -53,7 +53,7 @@ from services.common.errors import KeelError
 from services.common.outage_log import OutageLog
 from services.common.runtime_records import local_runtimes
 
-log = logging.getLogger("keel.kernel.liveness")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

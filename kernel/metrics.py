@@ -21,7 +21,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from kernel.domain import Event, Transition
 from services.common.metrics_at_start import HistogramSpec, show_from_start
 
-log = logging.getLogger("keel.kernel.metrics")
+log = logging.getLogger(__name__)
 _METER = "keel.kernel"
 _meter = metrics.get_meter(_METER)
 _claims = _meter.create_counter("keel.kernel.claims", description="leases issued (epochs)")

@@ -34,7 +34,7 @@ from services.common.outage_log import OutageLog
 from services.ledger import LedgerClient
 from services.ledger.client import SessionPage
 
-log = logging.getLogger("keel.kernel.reconcile")
+log = logging.getLogger(__name__)
 
 PAGE = 500
 

@@ -24,7 +24,7 @@ from kernel.tenancy import Revocation, TenantStore
 from services.common.errors import KeelError
 from services.common.outage_log import OutageLog
 
-log = logging.getLogger("keel.kernel.revocations")
+log = logging.getLogger(__name__)
 
 POLL_S = 0.5
 BATCH = 1000

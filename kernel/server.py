@@ -23,7 +23,7 @@ from services.common.config import Settings
 from services.common.errors import KeelError
 from services.common.serving import RunningServer, serve_services
 
-log = logging.getLogger("keel.kernel")
+log = logging.getLogger(__name__)
 
 
 class KernelServer:

@@ -58,7 +58,7 @@ from services.common.errors import stream_errors, unary_errors
 from services.common.secrets import SecretPolicy
 from services.common.serving import GrpcService
 
-log = logging.getLogger("keel.kernel.servicer")
+log = logging.getLogger(__name__)
 
 # A claim may wait at most this long; longer waits are a caller's bug.
 MAX_WAIT_MS = 300_000

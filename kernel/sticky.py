@@ -19,7 +19,7 @@ from typing import Protocol
 
 from keel.kernel.v1 import kernel_pb2 as pb
 
-log = logging.getLogger("keel.kernel.sticky")
+log = logging.getLogger(__name__)
 
 # The longest window a runner may ask for: past it an idle runner's memory
 # of the session is more likely stale than useful.

@@ -26,7 +26,7 @@ from agent_io.tools.registry import SourceSlot, ToolRegistry
 
 __all__ = ["SlotBuilder", "ToolCatalog"]
 
-log = logging.getLogger("keel.tools")
+log = logging.getLogger(__name__)
 
 # Builds the slots of one tenant's loadout revision (new instances each call).
 SlotBuilder = Callable[[str, Loadout], Sequence[SourceSlot]]

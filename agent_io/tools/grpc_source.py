@@ -44,7 +44,7 @@ __all__ = [
     "ToolSourceError",
 ]
 
-log = logging.getLogger("keel.tools.grpc")
+log = logging.getLogger(__name__)
 
 TOKEN_METADATA = "x-keel-tool-token"
 TLS_CA_ENV = registry.KEEL_TOOL_TLS_CA.name

@@ -6,7 +6,7 @@ started again on the next use after it exited, and stopped by `aclose()`
 plus the loadout's resolved `env`, nothing else: the runner's other
 variables hold its secrets. It starts inside a sandbox that keeps the
 runner's secrets out of its reach (agent_io.tools.child_sandbox). Each line
-the server writes on stderr becomes one record of the `keel.tools.mcp`
+the server writes on stderr becomes one record of the `agent_io.tools.mcp_streams`
 logger, prefixed with the server's name.
 
 A streamable-HTTP server gets the resolved headers on every request. One
@@ -72,7 +72,7 @@ _FAILURE_GRACE_S = 2.0
 _LIST_PAGE_CAP = 100
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-log = logging.getLogger("keel.tools.mcp")
+log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 

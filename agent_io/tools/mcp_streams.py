@@ -30,7 +30,7 @@ __all__ = ["EndWatchingReader", "StderrLog", "watched"]
 # How long the server's stderr may stay open after it stopped (a grandchild can hold it).
 _STDERR_GRACE_S = 2.0
 
-log = logging.getLogger("keel.tools.mcp")
+log = logging.getLogger(__name__)
 
 
 class StderrLog:

@@ -41,7 +41,7 @@ from agent_io.tools.base import (
 
 __all__ = ["SourceRefused", "SourceSettings", "SourceSlot", "ToolRegistry"]
 
-log = logging.getLogger("keel.tools")
+log = logging.getLogger(__name__)
 
 # A source enforces the call's timeout itself (and may clean up after it);
 # the registry's own deadline, this much later, catches one that does not.

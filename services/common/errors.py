@@ -24,7 +24,7 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-log = logging.getLogger("keel.errors")
+log = logging.getLogger(__name__)
 
 ERROR_DOMAIN = "keel.dev"
 _DETAILS_KEY = "grpc-status-details-bin"

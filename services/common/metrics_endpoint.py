@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from services.common import settings_registry as registry
 from services.common.metrics_at_start import StartingAtZero
 
-log = logging.getLogger("keel.metrics")
+log = logging.getLogger(__name__)
 
 METRICS_PORT_ENV = registry.KEEL_METRICS_PORT.name
 METRICS_HOST_ENV = registry.KEEL_METRICS_HOST.name

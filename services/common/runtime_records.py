@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("keel.runtime_records")
+log = logging.getLogger(__name__)
 
 RECORDS_DIR = "runtimes"
 # The edge's local drain endpoint (loopback only, internal token).

@@ -32,7 +32,7 @@ from services.common.internal_auth import (
     token_interceptors,
 )
 
-log = logging.getLogger("keel.serving")
+log = logging.getLogger(__name__)
 
 STREAMING_METHODS = (
     "Subscribe",

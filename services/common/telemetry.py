@@ -30,7 +30,7 @@ from services.common.config import Settings
 from services.common.metrics_endpoint import MetricsEndpoint, start_metrics_endpoint
 from services.common.outage_log import quiet_pool_retries
 
-log = logging.getLogger("keel.telemetry")
+log = logging.getLogger(__name__)
 
 _configured = False
 

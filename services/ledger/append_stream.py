@@ -29,7 +29,7 @@ from services.common.errors import KeelError, ServiceUnavailable
 from services.common.rpc import refusal_as_error, stream_answers
 from services.ledger.errors import LedgerError
 
-log = logging.getLogger("keel.ledger.client")
+log = logging.getLogger(__name__)
 
 # Opens an AppendStream whose requests are the given async iterator.
 OpenStream = Callable[[AsyncIterator[pb.AppendStreamRequest]], Any]

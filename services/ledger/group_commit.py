@@ -35,7 +35,7 @@ from services.ledger.stream_cache import StreamCache
 from services.ledger.views import Appended
 
 # The store's logger: the writer's failures are the store's to say.
-log = logging.getLogger("keel.ledger.store")
+log = logging.getLogger(__name__)
 
 MAX_BATCH = 512
 CONFLICT_RETRIES = 8

@@ -16,7 +16,7 @@ from services.ledger.servicer import ledger_service
 from services.ledger.store import LedgerStore
 from services.ledger.waker import SessionWaker
 
-log = logging.getLogger("keel.ledger")
+log = logging.getLogger(__name__)
 
 
 class LedgerServer(ServedOnOneAddress):

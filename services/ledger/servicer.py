@@ -51,7 +51,7 @@ APPEND_SPAN = "/keel.ledger.v1.LedgerService/AppendStream/Append"
 # Every append the fence refused, said where the refusal is decided: a
 # fenced-off writer (a runner resumed after its lease was taken over) is
 # seen here even when it gave up on its call before the answer came back.
-fence_log = logging.getLogger("keel.ledger.fence")
+fence_log = logging.getLogger(__name__)
 
 
 def note_refusal(

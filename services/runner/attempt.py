@@ -53,7 +53,7 @@ from services.runner.events import SessionState
 from services.runner.fact_fit import fit_fact
 from services.runner.hub import PartialHub, StatusChange
 
-log = logging.getLogger("keel.runner.attempt")
+log = logging.getLogger(__name__)
 
 
 class Fenced(Exception):

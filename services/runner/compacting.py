@@ -48,7 +48,7 @@ from services.ledger.facts import COMPACTION, COMPACTION_FAILED, CommittedFact
 from services.runner.attempt import Attempt, Fenced
 from services.runner.events import COMPACTING, RUNNING
 
-log = logging.getLogger("keel.runner.compaction")
+log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_WINDOW = 128_000
 

@@ -35,7 +35,7 @@ from services.runner import metrics as runner_metrics
 from services.runner import transcript as T
 from services.runner.attempt import Attempt
 
-log = logging.getLogger("keel.runner.drain")
+log = logging.getLogger(__name__)
 
 # Phases of a drain: waiting for commit boundaries, stopping what is left, done.
 _WAITING, _STOPPING, _FINISHED = "waiting", "stopping", "finished"

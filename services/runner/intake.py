@@ -37,7 +37,7 @@ from services.runner.drain import Running
 from services.runner.hub import PartialHub
 from services.runner.sticky import StickyHolds
 
-log = logging.getLogger("keel.runner")
+log = logging.getLogger(__name__)
 
 # How long the claim loop waits after a failed claim.
 CLAIM_RETRY_S = 0.5

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from services.common.errors import KeelError, ServiceUnavailable
 
-log = logging.getLogger("keel.runner.outage")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

@@ -60,7 +60,7 @@ from services.runner.outage import once_answered
 from services.runner.settling import AttemptSettler, attempt_span, drive
 from services.runner.tool_state import counter_store
 
-log = logging.getLogger("keel.runner")
+log = logging.getLogger(__name__)
 
 __all__ = ["DrainResult", "Runtime", "drive"]
 

@@ -38,7 +38,7 @@ from services.runner.config import RunnerConfig
 from services.runner.runtime import Runtime
 from services.runner.servicer import runner_service
 
-log = logging.getLogger("keel.runner")
+log = logging.getLogger(__name__)
 
 
 def check_addresses(address: str, advertise: str = "") -> None:

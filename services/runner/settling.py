@@ -32,7 +32,7 @@ from services.runner.intake import Intake
 from services.runner.outage import once_answered
 
 # The runtime's logger: what an attempt's end says is the runner's to say.
-log = logging.getLogger("keel.runner")
+log = logging.getLogger(__name__)
 
 CANCEL_WATCH_DELAY_S = 0.1
 

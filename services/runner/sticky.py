@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from kernel import Lease
 
-log = logging.getLogger("keel.runner.sticky")
+log = logging.getLogger(__name__)
 
 # The kernel's clock ends the window (the end it granted is in its time); a
 # wake it decided just before that end may reach this runner a moment later,

@@ -20,9 +20,7 @@ REFUSED = 3
 def warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     """What the edge said at WARNING or above (its revocation watch says at
     INFO that it reconnects, with a backoff of its own)."""
-    return [
-        r for r in caplog.records if r.name.startswith("keel.edge") and r.levelno >= logging.WARNING
-    ]
+    return [r for r in caplog.records if r.name.startswith("edge") and r.levelno >= logging.WARNING]
 
 
 async def test_an_edge_whose_kernel_is_away_says_so_once_and_counts_its_refusals(
@@ -31,7 +29,7 @@ async def test_an_edge_whose_kernel_is_away_says_so_once_and_counts_its_refusals
     session = await stack.new_session()
     cluster = stack.cluster
     address = cluster.kernel_server.target
-    caplog.set_level(logging.INFO, logger="keel.edge")
+    caplog.set_level(logging.INFO, logger="edge")
     await cluster.kernel_server.stop(grace=0.1)
     try:
         for number in range(REFUSED):

@@ -21,7 +21,7 @@ from tests.support.kernel_stores import Stores, open_stores
 
 GRACE_MS = 10_000
 RUNTIME = "r1"
-LOGGER = "keel.kernel.reconcile"
+LOGGER = "kernel.reconcile"
 
 
 class AnsweredWhileListing(Reconciler):

@@ -163,7 +163,7 @@ async def test_the_pruner_forgets_periodically_and_survives_a_store_error(
     stores.clock.advance(RETENTION + 1)
     registry = FailingOnce(stores)
     task = asyncio.create_task(RuntimePruner(registry, RETENTION, interval_ms=10).run())
-    caplog.set_level(logging.INFO, logger="keel.kernel.expiry")
+    caplog.set_level(logging.INFO, logger="kernel.expiry")
     try:
 
         async def forgotten() -> bool:

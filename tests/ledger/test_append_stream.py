@@ -70,7 +70,7 @@ async def test_the_fence_refuses_the_same_way_on_both_paths(
     before = hops.snapshot()
 
     with (
-        caplog.at_level(logging.INFO, logger="keel.ledger.fence"),
+        caplog.at_level(logging.INFO, logger="services.ledger.servicer"),
         pytest.raises(StaleEpoch) as caught,
     ):
         await append_one("s", "assistant", {"generationId": "g-old"}, 1)

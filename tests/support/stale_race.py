@@ -85,7 +85,7 @@ def refusals_in(lines: Sequence[str]) -> list[Refusal]:
             entry = json.loads(line)
         except ValueError:
             continue
-        if isinstance(entry, dict) and entry.get("logger") == "keel.ledger.fence":
+        if isinstance(entry, dict) and entry.get("logger") == "services.ledger.servicer":
             refusal = parse_refusal(str(entry.get("msg", "")))
             if refusal is not None:
                 found.append(refusal)
@@ -106,7 +106,7 @@ class _Collected(logging.Handler):
 @contextmanager
 def ledger_refusals() -> Iterator[Callable[[], list[Refusal]]]:
     """The refusals of the ledgers running in this process, as they log them."""
-    logger = logging.getLogger("keel.ledger.fence")
+    logger = logging.getLogger("services.ledger.servicer")
     handler = _Collected()
     level = logger.level
     logger.setLevel(logging.INFO)

@@ -201,13 +201,13 @@ async def test_a_large_result_arrives_whole(files: Files) -> None:
 async def test_stderr_is_logged_with_the_server_name(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="keel.tools.mcp")
+    caplog.set_level(logging.INFO, logger="agent_io.tools")
     files = stdio_source(tmp_path)
     try:
         await files.call("apply", idem="idem-logged", key="y")
     finally:
         await files.source.aclose()
-    lines = [r.getMessage() for r in caplog.records if r.name == "keel.tools.mcp"]
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("agent_io.tools.mcp")]
     assert any(
         line.startswith("files: ") and "idempotencyKey=idem-logged" in line for line in lines
     ), lines
