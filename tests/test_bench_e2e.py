@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.e2e import measure
+
+# Starts `keel up` or service processes: the whole suite, not `make check`.
+pytestmark = pytest.mark.slow
 
 
 def test_the_e2e_benchmark_runs_end_to_end(postgres_url: str) -> None:

@@ -28,12 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from services.cli.chat_view import SseEvent, SseParser
 from services.common.runtime_records import local_runtimes, records_dir
 from tests.support.keel_up import KEEL, clean_env, free_port_run, keel_cli
 from tests.support.polling import eventually
 from tests.support.processes import ChildProcess
+
+# Starts `keel up` or service processes: the whole suite, not `make check`.
+pytestmark = pytest.mark.slow
 
 KEY = "local-drain-dev-key-0123456789"
 DEADLINE_S = 60.0

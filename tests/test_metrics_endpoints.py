@@ -22,10 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.support.keel_up import RunningKeel, child_pid, keel_up, restarted_child
 from tests.support.metrics import dashboard_metrics, scrape, total
 from tests.support.polling import eventually
+
+# Starts `keel up` or service processes: the whole suite, not `make check`.
+pytestmark = pytest.mark.slow
 
 KEY = "metrics-test-key-0123456789abcdef"
 LEASE_MS = 2000

@@ -30,6 +30,9 @@ from tests.support.polling import eventually
 from tests.support.ports import free_port
 from tests.support.processes import ChildProcess
 
+# Starts `keel up` or service processes: the whole suite, not `make check`.
+pytestmark = pytest.mark.slow
+
 KEEL = str(Path(sys.executable).with_name("keel"))
 # Claims that must fail, quietly, before the kernel comes back.
 FAILED_CLAIMS = 5

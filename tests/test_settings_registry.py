@@ -13,6 +13,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -41,7 +42,9 @@ PACKAGES = (
 )
 REGISTRY = ROOT / "services" / "common" / "settings_registry.py"
 README = ROOT / "README.md"
-KEEL = ROOT / ".venv" / "bin" / "keel"
+# The keel of the environment running the tests (a checkout may keep its
+# virtual environment elsewhere).
+KEEL = Path(sys.executable).with_name("keel")
 NAME = re.compile(r"KEEL_[A-Z0-9_]+")
 # What a test reads from the environment (not what it sets for a child).
 TEST_READ = re.compile(r"environ(?:\.get\(|\[)\s*[\"'](KEEL_[A-Z0-9_]+)")

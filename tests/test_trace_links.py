@@ -30,6 +30,9 @@ from tests.support.keel_up import RunningKeel, child_pid, keel_up
 from tests.support.otlp_collector import OtlpCollector, ReceivedSpan
 from tests.support.polling import eventually
 
+# Starts `keel up` or service processes: the whole suite, not `make check`.
+pytestmark = pytest.mark.slow
+
 KEY = "trace-links-test-key-0123456789abcdef"
 INPUTS_ROUTE = "/v1/sessions/{id}/inputs"
 

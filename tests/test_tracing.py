@@ -38,6 +38,9 @@ from tests.support.keel_up import RunningKeel, child_pid, keel_up
 from tests.support.otlp_collector import OtlpCollector, ReceivedSpan
 from tests.support.polling import eventually
 
+# Starts `keel up` or service processes: the whole suite, not `make check`.
+pytestmark = pytest.mark.slow
+
 KEY = "tracing-test-key-0123456789abcdef"
 # A successor takes a killed runner's session over within about this.
 LEASE_MS = 2000

@@ -43,6 +43,9 @@ from tests.support.frozen_owner import (
 from tests.support.processes import ChildProcess
 from tests.support.sse import SseReader, fact_seqs, parse
 
+# Starts `keel up` or service processes: the whole suite, not `make check`.
+pytestmark = pytest.mark.slow
+
 # Short enough that a frozen owner's lease expires within the test, long
 # enough that a busy machine does not expire a live owner's.
 LEASE_MS = 1500

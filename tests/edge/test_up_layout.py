@@ -18,6 +18,9 @@ from tests.support.databases import drop_schema
 from tests.support.keel_up import RunningKeel, keel_up
 from tests.support.polling import eventually
 
+# Starts `keel up` or service processes: the whole suite, not `make check`.
+pytestmark = pytest.mark.slow
+
 KEY = "layout-test-key-0123456789"
 
 

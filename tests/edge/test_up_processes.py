@@ -10,10 +10,14 @@ import signal
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.keel_up import keel_up_processes
 from tests.support.polling import eventually
 from tests.support.ports import free_port
+
+# Starts `keel up` or service processes: the whole suite, not `make check`.
+pytestmark = pytest.mark.slow
 
 KEY = "processes-test-key-0123456789"
 

@@ -31,6 +31,9 @@ from services.common.runtime_records import records_dir
 from services.ledger import LedgerClient, LedgerServer
 from tests.support.polling import eventually
 
+# Starts `keel up` or service processes: the whole suite, not `make check`.
+pytestmark = pytest.mark.slow
+
 # Fast heartbeats, so the test waits a second for a death, not three.
 FAST_LIVENESS = {"KEEL_RUNTIME_HEARTBEAT_MS": "200", "KEEL_RUNTIME_DEAD_AFTER_MS": "1000"}
 # Well under the TTL: a takeover that waited for it fails the test.
