@@ -58,12 +58,8 @@ ALONE_IMPORTED_BY = ("bench", "tests")
 HOLDERS = ("services",)
 
 # (importing module, imported module prefix) -> why it may point up.
-INTENDED_UPWARD: dict[tuple[str, str], str] = {
-    ("services.cli.main", "bench.cli"): (
-        "`keel bench …` is a sub-command of `keel`: main.py mounts bench's typer "
-        "app with one line; every benchmark and its options live in bench"
-    ),
-}
+# (`keel bench …` is mounted through its entry point, not an import.)
+INTENDED_UPWARD: dict[tuple[str, str], str] = {}
 
 PARTS: dict[str, tuple[str, ...]] = {**dict(LAYERS), **ALONE}
 RANK = {part: rank for rank, (part, _) in enumerate(LAYERS)}

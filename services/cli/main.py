@@ -13,12 +13,12 @@ import contextlib
 import os
 import sys
 from dataclasses import replace
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from bench.cli import bench_app
 from compaction.command import compaction as compaction_command
 from services.cli.admin import keys_app, loadout_app, tenants_app
 from services.cli.client_commands import chaos, chat, drain, status
@@ -51,7 +51,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-app.add_typer(bench_app, name="bench")
+# Command groups other packages add (`keel bench …`, from bench/cli.py),
+# found by their entry point: the CLI imports nothing of the parts above it.
+for _group in entry_points(group="keel.commands"):
+    app.add_typer(_group.load(), name=_group.name)
 app.add_typer(loadout_app, name="loadout")
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(keys_app, name="keys")
