@@ -16,7 +16,6 @@ from agent_io.providers import (
     ContextOverflow,
     ModelRequest,
     ProviderError,
-    StreamEvent,
     TextDelta,
     ThinkingDelta,
     ToolCallDelta,
@@ -27,7 +26,8 @@ from agent_io.providers import (
 from compaction.policy import message_from_dict
 from services.common.secrets import SecretPolicy
 from tests.support.blobs import PNG, attached
-from tests.support.fault_provider import Fault, FaultyProvider, anthropic_error
+from tests.support.fault_provider import Fault, anthropic_error
+from tests.support.provider_checks import collect, fault_read, hello, refused
 from tests.support.provider_frames import (
     block_delta,
     block_start,
@@ -37,7 +37,7 @@ from tests.support.provider_frames import (
     text_answer,
     tool_use_answer,
 )
-from tests.support.wire_servers import WireServer, error_reply, event_frame, sse_reply
+from tests.support.wire_servers import WireServer, event_frame, sse_reply
 
 MODEL = "claude-test"
 CLOCK = ToolSpec("clock", "Current time.", {"type": "object", "properties": {"tz": {}}})
@@ -58,26 +58,11 @@ async def provider(server: WireServer) -> AsyncIterator[AnthropicMessages]:
     await adapter.aclose()
 
 
-async def collect(
-    provider: AnthropicMessages, request: ModelRequest
-) -> tuple[list[StreamEvent], Completed]:
-    events = [event async for event in provider.stream(request)]
-    last = events[-1]
-    assert isinstance(last, Completed)
-    return events[:-1], last
-
-
 def sent_key(headers: dict[str, str]) -> str | None:
     """The API key a request carried (SDK versions differ on the header)."""
     if "x-api-key" in headers:
         return headers["x-api-key"]
     return headers.get("authorization", "").removeprefix("Bearer ") or None
-
-
-def hello(**overrides: Any) -> ModelRequest:
-    return ModelRequest(
-        system="Be brief.", messages=({"role": "user", "content": "Hi"},), **overrides
-    )
 
 
 async def test_streams_thinking_text_and_tool_use(
@@ -382,13 +367,9 @@ async def test_http_errors_are_classified(
     overflow: bool,
     retryable: bool,
 ) -> None:
-    server.queue(error_reply(status, body))
-    with pytest.raises(ProviderError) as caught:
-        await collect(provider, hello())
-    assert isinstance(caught.value, ContextOverflow) is overflow
-    assert caught.value.retryable is retryable
-    assert caught.value.status == status
-    assert len(server.received) == 1  # the SDK did not retry on its own
+    error = await refused(server, provider, status, body)
+    assert isinstance(error, ContextOverflow) is overflow
+    assert error.retryable is retryable
 
 
 @pytest.mark.parametrize(
@@ -408,20 +389,11 @@ async def test_http_errors_are_classified(
 async def test_rate_limits_and_retry_after_are_read(
     fault: Fault, retryable: bool, rate_limited: bool, wait_ms: int | None
 ) -> None:
-    async with FaultyProvider("/v1/messages", faults=[fault]) as faulty:
-        adapter = AnthropicMessages(model=MODEL, api_key="k", base_url=faulty.url)
-        try:
-            with pytest.raises(ProviderError) as caught:
-                await collect(adapter, hello())
-        finally:
-            await adapter.aclose()
-    error = caught.value
-    assert (error.retryable, error.rate_limited, error.retry_after_ms) == (
-        retryable,
-        rate_limited,
-        wait_ms,
-    )
-    assert faulty.requests == 1  # the SDK did not wait and retry on its own
+    def adapter(url: str) -> AnthropicMessages:
+        return AnthropicMessages(model=MODEL, api_key="k", base_url=url)
+
+    read = await fault_read("/v1/messages", adapter, fault)
+    assert read == (retryable, rate_limited, wait_ms)
 
 
 async def test_overload_inside_the_stream_is_retryable(

@@ -19,7 +19,6 @@ from agent_io.providers import (
     ModelRequest,
     OpenAICompatible,
     ProviderError,
-    StreamEvent,
     TextDelta,
     ThinkingDelta,
     ToolCallDelta,
@@ -32,9 +31,10 @@ from compaction.transcript import request_messages
 from services.common.secrets import SecretPolicy
 from services.ledger.facts import CommittedFact
 from tests.support.blobs import PNG, attached
-from tests.support.fault_provider import Fault, FaultyProvider, openai_error
+from tests.support.fault_provider import Fault, openai_error
+from tests.support.provider_checks import collect, fault_read, hello, refused
 from tests.support.provider_frames import DONE, chunk, tool_delta, usage_chunk
-from tests.support.wire_servers import WireServer, data_frame, error_reply, sse_reply
+from tests.support.wire_servers import WireServer, data_frame, sse_reply
 
 MODEL = "gpt-test"
 CLOCK = ToolSpec("clock", "Current time.", {"type": "object", "properties": {}})
@@ -52,22 +52,6 @@ async def provider(server: WireServer) -> AsyncIterator[OpenAICompatible]:
     adapter = OpenAICompatible(model=MODEL, api_key="test-key", base_url=f"{server.url}/v1")
     yield adapter
     await adapter.aclose()
-
-
-async def collect(
-    provider: OpenAICompatible, request: ModelRequest
-) -> tuple[list[StreamEvent], Completed]:
-    events = [event async for event in provider.stream(request)]
-    last = events[-1]
-    assert isinstance(last, Completed)
-    assert not any(isinstance(event, Completed) for event in events[:-1])
-    return events[:-1], last
-
-
-def hello(**overrides: Any) -> ModelRequest:
-    return ModelRequest(
-        system="Be brief.", messages=({"role": "user", "content": "Hi"},), **overrides
-    )
 
 
 async def test_streams_text_with_usage(server: WireServer, provider: OpenAICompatible) -> None:
@@ -264,16 +248,9 @@ async def test_http_errors_are_classified(
     kind: type[ProviderError] | None,
     retryable: bool,
 ) -> None:
-    server.queue(error_reply(status, body))
-    with pytest.raises(ProviderError) as caught:
-        await collect(provider, hello())
-    if kind is ContextOverflow:
-        assert isinstance(caught.value, ContextOverflow)
-    else:
-        assert not isinstance(caught.value, ContextOverflow)
-    assert caught.value.retryable is retryable
-    assert caught.value.status == status
-    assert len(server.received) == 1  # the SDK did not retry on its own
+    error = await refused(server, provider, status, body)
+    assert isinstance(error, ContextOverflow) is (kind is ContextOverflow)
+    assert error.retryable is retryable
 
 
 @pytest.mark.parametrize(
@@ -301,20 +278,11 @@ async def test_http_errors_are_classified(
 async def test_rate_limits_and_retry_after_are_read(
     fault: Fault, retryable: bool, rate_limited: bool, wait_ms: int | None
 ) -> None:
-    async with FaultyProvider(faults=[fault]) as faulty:
-        adapter = OpenAICompatible(model=MODEL, api_key="k", base_url=f"{faulty.url}/v1")
-        try:
-            with pytest.raises(ProviderError) as caught:
-                await collect(adapter, hello())
-        finally:
-            await adapter.aclose()
-    error = caught.value
-    assert (error.retryable, error.rate_limited, error.retry_after_ms) == (
-        retryable,
-        rate_limited,
-        wait_ms,
-    )
-    assert faulty.requests == 1  # the SDK did not wait and retry on its own
+    def adapter(url: str) -> OpenAICompatible:
+        return OpenAICompatible(model=MODEL, api_key="k", base_url=f"{url}/v1")
+
+    read = await fault_read("/v1/chat/completions", adapter, fault)
+    assert read == (retryable, rate_limited, wait_ms)
 
 
 def test_retry_after_forms() -> None:
