@@ -134,10 +134,6 @@ class BurstProvider(LoopbackApp):
     requests: int = 0
     _http: LoopbackHttp | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def queue(self, *answers: list[str]) -> None:
         self.answers.extend(answers)
 

@@ -74,10 +74,6 @@ class FaultyProvider(LoopbackApp):
     requests: int = 0
     _http: LoopbackHttp | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def queue(self, *faults: Fault) -> None:
         self.faults.extend(faults)
 

@@ -58,6 +58,11 @@ class LoopbackApp:
     port: int = 0
     _http: LoopbackHttp | None = None
 
+    @property
+    def url(self) -> str:
+        """Where it serves (the bound port once started)."""
+        return f"http://127.0.0.1:{self.port}"
+
     def app(self) -> ASGIApp:
         raise NotImplementedError
 

@@ -64,10 +64,6 @@ class ProviderListener(LoopbackApp):
     port: int = 0
     _http: LoopbackHttp | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     async def _handle(self, request: Request) -> Response:
         self.seen.append(
             Seen(

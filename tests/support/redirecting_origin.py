@@ -32,10 +32,6 @@ class RedirectingOrigin(LoopbackApp):
     port: int = 0
     _http: LoopbackHttp | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     async def _handle(self, request: Request) -> Response:
         self.paths.append(request.url.path)
         await request.body()

@@ -71,10 +71,6 @@ class WireServer(LoopbackApp):
     port: int = 0
     _http: LoopbackHttp | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def queue(self, *replies: Reply) -> None:
         self.replies.extend(replies)
 
