@@ -51,6 +51,7 @@ from tests.support.burst_provider import (
     openai_tool_call,
 )
 from tests.support.edge_stack import ADMIN_KEY, DEADLINE_S, Stack
+from tests.support.front_doors import delta_fields
 from tests.support.polling import eventually
 from tests.support.ports import free_port
 from tests.support.sse import SseReader, parse
@@ -113,19 +114,7 @@ def grpc_seen(message: pb.StreamEventsResponse) -> Seen:
         data = {"seq": fact.seq, "epoch": fact.epoch, "data": json.loads(fact.data_json)}
         return Seen(fact.kind, data)
     if which == "delta":
-        delta = message.delta
-        return Seen(
-            "delta",
-            {
-                "generationId": delta.generation_id,
-                "epoch": delta.epoch,
-                "attemptId": delta.attempt_id,
-                "channel": delta.channel,
-                "text": delta.text,
-                "toolCallId": delta.tool_call_id,
-                "toolName": delta.tool_name,
-            },
-        )
+        return Seen("delta", delta_fields(message.delta))
     return Seen(which or "", {})
 
 

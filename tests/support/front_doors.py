@@ -241,6 +241,19 @@ class HttpDoor:
 # ------------------------------------------------------------------ gRPC
 
 
+def delta_fields(delta: pb.Delta) -> dict[str, Any]:
+    """A gRPC delta's fields under the names an SSE delta frame gives them."""
+    return {
+        "generationId": delta.generation_id,
+        "epoch": delta.epoch,
+        "attemptId": delta.attempt_id,
+        "channel": delta.channel,
+        "text": delta.text,
+        "toolCallId": delta.tool_call_id,
+        "toolName": delta.tool_name,
+    }
+
+
 def _grpc_refused(err: grpc.aio.AioRpcError) -> Refused:
     info = error_info(err)
     reason = info.reason if info is not None else ""
@@ -259,17 +272,7 @@ class GrpcStream:
             fact = message.fact
             return Event("fact", fact.seq, fact.kind, json.loads(fact.data_json))
         if which == "delta":
-            delta = message.delta
-            data = {
-                "generationId": delta.generation_id,
-                "epoch": delta.epoch,
-                "attemptId": delta.attempt_id,
-                "channel": delta.channel,
-                "text": delta.text,
-                "toolCallId": delta.tool_call_id,
-                "toolName": delta.tool_name,
-            }
-            return Event("delta", None, "delta", data)
+            return Event("delta", None, "delta", delta_fields(message.delta))
         if which == "status":
             return Event("status", None, "status", {"state": message.status.state})
         assert which == "drain", which
