@@ -26,6 +26,7 @@ from services.common.config import Settings
 from services.runner.server import RunnerServer
 from tests.support.cluster import start_cluster, stop_cluster
 from tests.support.edge_stack import ADMIN_KEY, DEADLINE_S, Stack
+from tests.support.front_doors import FrontDoor, GrpcDoor, HttpDoor
 from tests.support.web_page import keel_up, launched_browser, require_chromium
 
 
@@ -90,3 +91,18 @@ def base_url(tmp_path: Path) -> Iterator[str]:
 async def browser() -> AsyncIterator[Browser]:
     async with launched_browser() as launched:
         yield launched
+
+
+@pytest.fixture(params=["http", "grpc"])
+async def door(request: pytest.FixtureRequest, stack: Stack) -> AsyncIterator[FrontDoor]:
+    """The stack's front door, once over HTTP and once over gRPC, with the
+    admin key of tenant "default"."""
+    opened: FrontDoor = (
+        HttpDoor(stack.url, ADMIN_KEY)
+        if request.param == "http"
+        else GrpcDoor(stack.grpc_address, ADMIN_KEY)
+    )
+    try:
+        yield opened
+    finally:
+        await opened.close()

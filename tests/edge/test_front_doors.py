@@ -12,7 +12,7 @@ import json
 import random
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,26 +32,12 @@ from tests.support.front_doors import (
     EventStream,
     FrontDoor,
     GrpcDoor,
-    HttpDoor,
     Refused,
 )
 from tests.support.keel_up import keel_up
 from tests.support.polling import eventually
 
 OTHER_TENANT_KEY = "front-doors-tenant-b-key-0123456789"
-
-
-@pytest.fixture(params=["http", "grpc"])
-async def door(request: pytest.FixtureRequest, stack: Stack) -> AsyncIterator[FrontDoor]:
-    opened: FrontDoor = (
-        HttpDoor(stack.url, ADMIN_KEY)
-        if request.param == "http"
-        else GrpcDoor(stack.grpc_address, ADMIN_KEY)
-    )
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 @dataclass(frozen=True)

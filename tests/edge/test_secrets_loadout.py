@@ -9,13 +9,12 @@ at all, an openai model without `baseUrl` cannot read OPENAI_API_KEY, and
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from tests.support.edge_stack import ADMIN_KEY, Stack
-from tests.support.front_doors import FrontDoor, GrpcDoor, HttpDoor, Refused
+from tests.support.edge_stack import Stack
+from tests.support.front_doors import FrontDoor, Refused
 
 ATTACKER = "http://attacker.example:8443/v1"
 
@@ -71,17 +70,6 @@ REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
         "KEEL_PROVIDER_ORIGINS",
     ),
 ]
-
-
-@pytest.fixture(params=["http", "grpc"])
-async def door(request: pytest.FixtureRequest, stack: Stack) -> AsyncIterator[FrontDoor]:
-    opened: FrontDoor = (
-        HttpDoor(stack.url, ADMIN_KEY)
-        if request.param == "http"
-        else GrpcDoor(stack.grpc_address, ADMIN_KEY)
-    )
-    yield opened
-    await opened.close()
 
 
 @pytest.mark.parametrize(
