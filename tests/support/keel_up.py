@@ -111,11 +111,7 @@ def keel_up(
         record = _discovered(data_dir / "keel-up.json", child)
         yield RunningKeel(record["url"], data_dir, announced.group(2), child)
     finally:
-        try:
-            child.terminate(timeout=30)
-        except Exception:
-            child.kill()
-            raise
+        child.terminate_or_kill(timeout=30)
 
 
 def keel_up_processes(data_dir: Path, key: str, http_port: int, grpc_port: int) -> ChildProcess:

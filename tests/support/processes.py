@@ -109,5 +109,14 @@ class ChildProcess:
         self._close_pipes()
         return code
 
+    def terminate_or_kill(self, timeout: float = 30.0) -> None:
+        """`terminate`; when that fails (the child outlived `timeout`), SIGKILL
+        it and raise what failed: a child that does not stop is a finding."""
+        try:
+            self.terminate(timeout=timeout)
+        except Exception:
+            self.kill()
+            raise
+
     def output(self) -> str:
         return "\n".join(self.lines)

@@ -99,11 +99,7 @@ def keel_up_process(data_dir: Path, key: str = KEY, *, processes: bool = False) 
             kernel = f"127.0.0.1:{match.group(1)}"
         yield KeelUp(base, child, kernel)
     finally:
-        try:
-            child.terminate(timeout=30)
-        except Exception:
-            child.kill()
-            raise
+        child.terminate_or_kill(timeout=30)
 
 
 @contextlib.contextmanager
