@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from tests.support.keel_up import RunningKeel, child_pid, keel_up
-from tests.support.otlp_collector import OtlpCollector, ReceivedSpan
+from tests.support.otlp_collector import OtlpCollector, ReceivedSpan, input_post_spans
 from tests.support.polling import eventually
 
 # Starts `keel up` or service processes: the whole suite, not `make check`.
@@ -106,16 +106,6 @@ async def test_an_answer_to_two_inputs_links_both_traces(traced: Traced) -> None
     assert first_answer["data"]["inputSeqs"] == [first]
     assert answer["data"]["inputSeqs"] == [second, third]
 
-    def posts() -> list[ReceivedSpan]:
-        path = f"/v1/sessions/{session}/inputs"
-        return [
-            s
-            for s in collector.spans()
-            if s.service == "keel-edge"
-            and not s.parent_span_id
-            and any(isinstance(v, str) and v.endswith(path) for v in s.attributes.values())
-        ]
-
     async def linked() -> tuple[ReceivedSpan, list[ReceivedSpan]] | None:
         answers = [
             s
@@ -125,7 +115,7 @@ async def test_an_answer_to_two_inputs_links_both_traces(traced: Traced) -> None
             and len(s.links) == 2
             and s.attributes["keel.epoch"] == answer["epoch"]
         ]
-        roots = posts()
+        roots = input_post_spans(collector, session)
         return (answers[0], roots) if answers and len(roots) == 3 else None
 
     answer_span, roots = await eventually(linked, "the answer's span at the collector", 30)

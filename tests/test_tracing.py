@@ -35,7 +35,7 @@ from services.common.config import Settings
 from services.common.serving import open_channel
 from tests.support.internal_auth import TEST_TOKEN
 from tests.support.keel_up import RunningKeel, child_pid, keel_up
-from tests.support.otlp_collector import OtlpCollector, ReceivedSpan
+from tests.support.otlp_collector import OtlpCollector, ReceivedSpan, input_post_spans
 from tests.support.polling import eventually
 
 # Starts `keel up` or service processes: the whole suite, not `make check`.
@@ -144,18 +144,6 @@ async def _answered(http: httpx.AsyncClient, session: str, seq: int) -> list[dic
     return await eventually(facts, f"an answer to input {seq}", 60)
 
 
-def _post_spans(collector: OtlpCollector, session: str) -> list[ReceivedSpan]:
-    """The edge's server spans of the POSTs of inputs to `session`."""
-    path = f"/v1/sessions/{session}/inputs"
-    return [
-        s
-        for s in collector.spans()
-        if s.service == "keel-edge"
-        and not s.parent_span_id
-        and any(isinstance(v, str) and v.endswith(path) for v in s.attributes.values())
-    ]
-
-
 async def _trace_of_turn(
     collector: OtlpCollector, session: str, posts: int, finished_attempts: int
 ) -> tuple[list[ReceivedSpan], list[ReceivedSpan]]:
@@ -163,7 +151,7 @@ async def _trace_of_turn(
     `finished_attempts` ended attempt spans and their kernel Finish calls."""
 
     async def complete() -> tuple[list[ReceivedSpan], list[ReceivedSpan]] | None:
-        roots = _post_spans(collector, session)
+        roots = input_post_spans(collector, session)
         if len(roots) < posts:
             return None
         trace = collector.trace(roots[0].trace_id)
@@ -185,7 +173,7 @@ async def _trace_of_turn(
     try:
         return await eventually(complete, "the turn's spans at the collector", 30)
     except AssertionError:
-        roots = _post_spans(collector, session)
+        roots = input_post_spans(collector, session)
         got = collector.trace(roots[0].trace_id) if roots else []
         raise AssertionError(
             f"the trace of the first of {len(roots)} POSTs holds only "

@@ -124,3 +124,15 @@ class OtlpCollector:
             "OTEL_BSP_SCHEDULE_DELAY": "100",
             "OTEL_METRIC_EXPORT_INTERVAL": "60000",
         }
+
+
+def input_post_spans(collector: OtlpCollector, session: str) -> list[ReceivedSpan]:
+    """The edge's server spans of the POSTs of inputs to `session`."""
+    path = f"/v1/sessions/{session}/inputs"
+    return [
+        s
+        for s in collector.spans()
+        if s.service == "keel-edge"
+        and not s.parent_span_id
+        and any(isinstance(v, str) and v.endswith(path) for v in s.attributes.values())
+    ]
