@@ -19,7 +19,7 @@ import pytest
 from compaction.client import CompactionClient
 from services.common.config import Settings
 from services.ledger import CommittedFact
-from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, running_cluster
 from tests.support.databases import settings_env
 from tests.support.ledger_invariants import assert_recovered
 from tests.support.polling import eventually
@@ -30,12 +30,9 @@ MESSAGE_KINDS = ("input", "assistant", "tool_result")
 
 @pytest.fixture
 async def cluster(pg_settings: Settings) -> AsyncIterator[Cluster]:
-    running = await start_cluster(pg_settings, backoff_base_ms=100, max_attempts=3)
-    try:
+    async with running_cluster(pg_settings, backoff_base_ms=100, max_attempts=3) as running:
         await running.kernel.create_tenant("default")
         yield running
-    finally:
-        await stop_cluster(running)
 
 
 async def use_loadout(cluster: Cluster, window: int, **compaction: Any) -> None:

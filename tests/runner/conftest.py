@@ -5,13 +5,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.common.config import Settings
-from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, running_cluster
 
 
 @pytest.fixture
 async def cluster(pg_settings: Settings) -> AsyncIterator[Cluster]:
-    running = await start_cluster(pg_settings, backoff_base_ms=100, max_attempts=3)
-    try:
+    async with running_cluster(pg_settings, backoff_base_ms=100, max_attempts=3) as running:
         yield running
-    finally:
-        await stop_cluster(running)

@@ -33,7 +33,7 @@ import pytest
 from services.common.config import Settings
 from services.ledger import CommittedFact
 from services.runner.tool_state import counter_store
-from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, running_cluster
 from tests.support.ledger_invariants import assert_recovered
 from tests.support.polling import eventually
 from tests.support.processes import ChildProcess
@@ -106,11 +106,8 @@ ROWS = [
 @pytest.fixture
 async def cluster(settings: Settings) -> AsyncIterator[Cluster]:
     """A cluster on each backend (`settings` is SQLite, then PostgreSQL)."""
-    running = await start_cluster(settings, backoff_base_ms=100, max_attempts=3)
-    try:
+    async with running_cluster(settings, backoff_base_ms=100, max_attempts=3) as running:
         yield running
-    finally:
-        await stop_cluster(running)
 
 
 def answered(facts: list[CommittedFact], seq: int) -> bool:

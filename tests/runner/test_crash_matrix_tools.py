@@ -32,7 +32,7 @@ import pytest
 from agent_io.tools import idempotency_key
 from services.common.config import Settings
 from services.ledger import CommittedFact
-from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, running_cluster
 from tests.support.ledger_invariants import assert_handed_over, assert_recovered
 from tests.support.polling import eventually
 from tests.support.processes import ChildProcess
@@ -79,15 +79,12 @@ def servers(tmp_path: Path) -> Iterator[ToolServers]:
 @pytest.fixture
 async def cluster(pg_settings: Settings, servers: ToolServers) -> AsyncIterator[Cluster]:
     # The kernel checks the loadout against the operator's policy when written.
-    running = await start_cluster(
+    async with running_cluster(
         pg_settings.with_overrides(secrets=servers.policy), backoff_base_ms=100, max_attempts=3
-    )
-    try:
+    ) as running:
         await running.kernel.create_tenant(TENANT)
         await running.kernel.put_loadout(TENANT, servers.loadout())
         yield running
-    finally:
-        await stop_cluster(running)
 
 
 def tool_command(source: str, keys: tuple[str, ...]) -> str:

@@ -23,7 +23,7 @@ import pytest
 from services.common.config import Settings
 from services.common.secrets import SecretPolicy
 from services.ledger import CommittedFact
-from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, running_cluster
 from tests.support.fault_provider import ANSWER, FaultyProvider, openai_error
 from tests.support.ledger_invariants import assert_recovered
 from tests.support.polling import eventually
@@ -57,18 +57,15 @@ async def provider(provider_port: int) -> AsyncIterator[FaultyProvider]:
 async def cluster(
     pg_settings: Settings, policy: SecretPolicy, provider: FaultyProvider
 ) -> AsyncIterator[Cluster]:
-    running = await start_cluster(
+    async with running_cluster(
         pg_settings.with_overrides(secrets=policy),
         max_attempts=MAX_ATTEMPTS,
         max_rate_limited=MAX_RATE_LIMITED,
         backoff_base_ms=BACKOFF_BASE_MS,
-    )
-    try:
+    ) as running:
         model = {"provider": "openai", "name": "gpt-test", "baseUrl": f"{provider.url}/v1"}
         await running.kernel.put_loadout("default", {"model": model})
         yield running
-    finally:
-        await stop_cluster(running)
 
 
 async def start_runner(cluster: Cluster, policy: SecretPolicy) -> ChildProcess:

@@ -22,7 +22,7 @@ import pytest
 
 from services.common.config import Settings
 from services.runner.tool_state import counter_store
-from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, running_cluster
 from tests.support.stale_race import (
     CLAIM_WAIT_MS,
     WRITES,
@@ -42,11 +42,8 @@ SEED = 14
 
 @pytest.fixture
 async def cluster(pg_settings: Settings) -> AsyncIterator[Cluster]:
-    running = await start_cluster(pg_settings.with_overrides(lease_ms=LEASE_MS))
-    try:
+    async with running_cluster(pg_settings.with_overrides(lease_ms=LEASE_MS)) as running:
         yield running
-    finally:
-        await stop_cluster(running)
 
 
 def planned_points(seed: int, rounds: int) -> list[str]:

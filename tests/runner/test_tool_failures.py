@@ -22,7 +22,7 @@ import pytest
 
 from services.common.config import Settings
 from services.common.secrets import SecretPolicy
-from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, running_cluster
 from tests.support.ledger_invariants import assert_recovered
 from tests.support.ports import free_port
 from tests.support.tool_fixtures import ToolServers, start_tool_servers
@@ -79,15 +79,12 @@ def loadout(servers: ToolServers) -> dict[str, Any]:
 
 @pytest.fixture
 async def cluster(pg_settings: Settings, servers: ToolServers) -> AsyncIterator[Cluster]:
-    running = await start_cluster(
+    async with running_cluster(
         pg_settings.with_overrides(secrets=policy(servers)), backoff_base_ms=100, max_attempts=3
-    )
-    try:
+    ) as running:
         await running.kernel.create_tenant(TENANT)
         await running.kernel.put_loadout(TENANT, loadout(servers))
         yield running
-    finally:
-        await stop_cluster(running)
 
 
 async def test_each_failure_is_an_error_result_and_the_turn_is_answered(

@@ -27,7 +27,7 @@ from services.common.config import Settings
 from services.common.secrets import SecretPolicy
 from services.ledger import CommittedFact
 from services.runner.tool_state import counter_store
-from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, running_cluster
 from tests.support.ledger_invariants import assert_recovered
 from tests.support.mcp_server import server_command
 from tests.support.polling import eventually
@@ -72,13 +72,10 @@ def policy(tool_service: RunningToolService, wire_port: int) -> SecretPolicy:
 @pytest.fixture
 async def cluster(pg_settings: Settings, policy: SecretPolicy) -> AsyncIterator[Cluster]:
     # The kernel checks loadouts against the operator's policy when written.
-    running = await start_cluster(pg_settings.with_overrides(secrets=policy))
-    try:
+    async with running_cluster(pg_settings.with_overrides(secrets=policy)) as running:
         for tenant in ("acme", "globex", "initech"):
             await running.kernel.create_tenant(tenant)
         yield running
-    finally:
-        await stop_cluster(running)
 
 
 async def start_runner(cluster: Cluster, policy: SecretPolicy) -> ChildProcess:

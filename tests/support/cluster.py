@@ -6,6 +6,8 @@ loopback); runners are real OS processes that tests SIGKILL, SIGSTOP or drain.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from kernel import KernelClient, KernelConfig, KernelServer
@@ -104,6 +106,16 @@ async def stop_cluster(cluster: Cluster) -> None:
     await cluster.kernel.close()
     await cluster.kernel_server.stop()
     await cluster.ledger_server.stop(grace=0.5)
+
+
+@asynccontextmanager
+async def running_cluster(settings: Settings, **kernel_config: int) -> AsyncIterator[Cluster]:
+    """`start_cluster`, stopped (`stop_cluster`) when the block ends, however."""
+    cluster = await start_cluster(settings, **kernel_config)
+    try:
+        yield cluster
+    finally:
+        await stop_cluster(cluster)
 
 
 async def wait_for_kind(cluster: Cluster, session: str, kind: str, count: int = 1) -> None:

@@ -39,7 +39,7 @@ from services.cli.data_dir import TOKEN_FILE, data_dir_token
 from services.common.config import Settings
 from services.common.secrets import SecretPolicy
 from tests.support import mcp_probe_server
-from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, running_cluster
 from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.slow
@@ -96,11 +96,8 @@ async def cluster(
     sqlite_settings: Settings, probe_command: list[str]
 ) -> AsyncIterator[tuple[Cluster, SecretPolicy]]:
     policy = SecretPolicy().with_command(probe_command).with_grant("initech", "INITECH_KEY")
-    running = await start_cluster(sqlite_settings.with_overrides(secrets=policy))
-    try:
+    async with running_cluster(sqlite_settings.with_overrides(secrets=policy)) as running:
         yield running, policy
-    finally:
-        await stop_cluster(running)
 
 
 async def probe(cluster: Cluster, session_id: str, path: str) -> dict[str, Any]:
@@ -164,8 +161,7 @@ async def test_a_server_the_tool_uid_cannot_run_runs_as_root_without_capabilitie
     ):
         pytest.skip("this interpreter is open to uid 65534: nothing falls back")
     policy = SecretPolicy().with_command(command).with_grant("initech", "INITECH_KEY")
-    running = await start_cluster(sqlite_settings.with_overrides(secrets=policy))
-    try:
+    async with running_cluster(sqlite_settings.with_overrides(secrets=policy)) as running:
         data_dir = running.settings.data_dir
         data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         token = data_dir_token(data_dir)
@@ -188,8 +184,6 @@ async def test_a_server_the_tool_uid_cannot_run_runs_as_root_without_capabilitie
         environ = await probe(running, "s-environ", f"/proc/{runner.pid}/environ")
         token_file = await probe(running, "s-token", str(data_dir / TOKEN_FILE))
         internal_token = running.settings.internal_token
-    finally:
-        await stop_cluster(running)
     assert who["uid"] == 0
     capabilities = who["capabilities"]
     assert capabilities["CapEff"] == capabilities["CapPrm"] == capabilities["CapBnd"] == 0, who

@@ -21,7 +21,7 @@ import pytest
 
 from services.common.config import Settings
 from services.runner.tool_state import counter_store
-from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, running_cluster
 from tests.support.polling import eventually
 
 SESSION = "shared-counter"
@@ -31,11 +31,8 @@ DEADLINE_S = 60.0
 
 @pytest.fixture
 async def cluster(pg_settings: Settings) -> AsyncIterator[Cluster]:
-    running = await start_cluster(pg_settings, backoff_base_ms=100, max_attempts=3)
-    try:
+    async with running_cluster(pg_settings, backoff_base_ms=100, max_attempts=3) as running:
         yield running
-    finally:
-        await stop_cluster(running)
 
 
 async def results(cluster: Cluster) -> list[dict[str, object]]:

@@ -22,7 +22,7 @@ import pytest
 
 from services.common.config import Settings
 from services.common.secrets import SecretPolicy
-from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, running_cluster
 from tests.support.mcp_server import HttpMcpServer
 from tests.support.ports import free_port
 
@@ -56,11 +56,8 @@ def server(server_options: list[str]) -> Iterator[list[HttpMcpServer]]:
 @pytest.fixture
 async def cluster(sqlite_settings: Settings, port: int) -> AsyncIterator[Cluster]:
     policy = SecretPolicy().with_tool_target(f"http://127.0.0.1:{port}")
-    running = await start_cluster(sqlite_settings.with_overrides(secrets=policy))
-    try:
+    async with running_cluster(sqlite_settings.with_overrides(secrets=policy)) as running:
         yield running
-    finally:
-        await stop_cluster(running)
 
 
 async def echo(cluster: Cluster, text: str, request_id: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from keel_tools.server import UnsafeToolServer
 from services.common.config import Settings
 from services.common.secrets import SecretPolicy
 from services.ledger import CommittedFact
-from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, running_cluster
 from tests.support.internal_auth import TEST_TOKEN
 from tests.support.keel_up import run_keel
 from tests.support.ports import free_port
@@ -65,13 +65,10 @@ def policy(acme_service: RunningToolService, billing_service: RunningToolService
 
 @pytest.fixture
 async def cluster(sqlite_settings: Settings, policy: SecretPolicy) -> AsyncIterator[Cluster]:
-    running = await start_cluster(sqlite_settings.with_overrides(secrets=policy))
-    try:
+    async with running_cluster(sqlite_settings.with_overrides(secrets=policy)) as running:
         for tenant in ("acme", "globex"):
             await running.kernel.create_tenant(tenant)
         yield running
-    finally:
-        await stop_cluster(running)
 
 
 async def ask(cluster: Cluster, tenant: str, session_id: str, text: str) -> Mapping[str, Any]:
