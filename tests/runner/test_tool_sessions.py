@@ -34,7 +34,7 @@ from tests.support.polling import eventually
 from tests.support.ports import free_port
 from tests.support.processes import ChildProcess
 from tests.support.tool_fixtures import alive, children_of, command_line
-from tests.support.tool_service import RunningToolService, launch
+from tests.support.tool_service import RunningToolService, launched
 from tests.support.wire_servers import WireServer, data_frame, sse_reply
 
 pytestmark = pytest.mark.slow
@@ -46,9 +46,8 @@ FILES = {"source": "mcp", "name": "files", "transport": "stdio", "command": COMM
 
 @pytest.fixture
 def tool_service(tmp_path: Path) -> Iterator[RunningToolService]:
-    service = launch(tmp_path / "effects.json", token=TOOL_TOKEN)
-    yield service
-    service.stop()
+    with launched(tmp_path / "effects.json", token=TOOL_TOKEN) as service:
+        yield service
 
 
 @pytest.fixture

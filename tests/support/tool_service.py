@@ -19,6 +19,8 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,6 +118,16 @@ def launch(effects: Path, token: str | None = None) -> RunningToolService:
     process = ChildProcess.python(*args, env=env)
     address = process.wait_for_line(lambda line: bool(_ADDRESS.match(line)))
     return RunningToolService(process, address, effects)
+
+
+@contextmanager
+def launched(effects: Path, token: str | None = None) -> Iterator[RunningToolService]:
+    """`launch`, stopped when the block ends."""
+    service = launch(effects, token)
+    try:
+        yield service
+    finally:
+        service.stop()
 
 
 async def _main(args: argparse.Namespace) -> None:

@@ -23,7 +23,7 @@ from agent_io.tools.factory import SourceFactory, ToolDefaults
 from agent_io.tools.tool_tokens import ToolTokens
 from services.common.secrets import SecretPolicy, SecretPolicyError
 from tests.support.mcp_server import HttpMcpServer, server_command
-from tests.support.tool_service import RunningToolService, launch
+from tests.support.tool_service import RunningToolService, launched
 
 pytestmark = pytest.mark.slow
 
@@ -243,9 +243,8 @@ async def test_an_allowed_http_server_gets_its_granted_headers(
 
 @pytest.fixture
 def tool_service(tmp_path: Path) -> Iterator[RunningToolService]:
-    service = launch(tmp_path / "effects.json", token="tool-token-for-the-policy-tests")
-    yield service
-    service.stop()
+    with launched(tmp_path / "effects.json", token="tool-token-for-the-policy-tests") as service:
+        yield service
 
 
 async def test_an_allowed_grpc_service_is_called_with_the_runners_tool_token(

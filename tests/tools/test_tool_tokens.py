@@ -29,7 +29,7 @@ from tests.support.internal_auth import TEST_TOKEN
 from tests.support.keel_up import run_keel
 from tests.support.ports import free_port
 from tests.support.processes import ChildProcess
-from tests.support.tool_service import RunningToolService, launch
+from tests.support.tool_service import RunningToolService, launched
 
 pytestmark = pytest.mark.slow
 
@@ -40,16 +40,14 @@ FALLBACK_TOKEN = "tool-token-sent-to-every-other-service-89"
 
 @pytest.fixture
 def acme_service(tmp_path: Path) -> Iterator[RunningToolService]:
-    service = launch(tmp_path / "acme-effects.json", token=ACME_TOKEN)
-    yield service
-    service.stop()
+    with launched(tmp_path / "acme-effects.json", token=ACME_TOKEN) as service:
+        yield service
 
 
 @pytest.fixture
 def billing_service(tmp_path: Path) -> Iterator[RunningToolService]:
-    service = launch(tmp_path / "billing-effects.json", token=BILLING_TOKEN)
-    yield service
-    service.stop()
+    with launched(tmp_path / "billing-effects.json", token=BILLING_TOKEN) as service:
+        yield service
 
 
 @pytest.fixture
