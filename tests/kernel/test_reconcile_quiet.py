@@ -17,6 +17,7 @@ from kernel.reconcile import Reconciler
 from services.common.config import Settings
 from services.ledger import LedgerClient, LedgerServer
 from services.ledger.client import SessionPage
+from tests.support.cluster import running_ledger
 from tests.support.kernel_stores import Stores, open_stores
 
 GRACE_MS = 10_000
@@ -59,9 +60,8 @@ def stores(pg_settings: Settings) -> Iterator[Stores]:
 
 @pytest.fixture
 async def ledger_server(pg_settings: Settings) -> AsyncIterator[LedgerServer]:
-    server = await LedgerServer(pg_settings).start()
-    yield server
-    await server.stop(grace=0.5)
+    async with running_ledger(pg_settings) as server:
+        yield server
 
 
 @pytest.fixture

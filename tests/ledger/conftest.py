@@ -6,13 +6,13 @@ import pytest
 
 from services.common.config import Settings
 from services.ledger import LedgerClient, LedgerServer
+from tests.support.cluster import running_ledger
 
 
 @pytest.fixture
 async def ledger(settings: Settings) -> AsyncIterator[LedgerServer]:
-    server = await LedgerServer(settings).start()
-    yield server
-    await server.stop(grace=0.5)
+    async with running_ledger(settings) as server:
+        yield server
 
 
 @pytest.fixture

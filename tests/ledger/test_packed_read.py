@@ -28,6 +28,7 @@ from services.ledger import facts as F
 from services.ledger.codec import fact_from_pb
 from services.ledger.facts import CommittedFact
 from services.ledger.packed_facts import facts_from_packed
+from tests.support.cluster import running_ledger
 
 # JSON values a client may put in a fact's extra fields: every scalar the
 # ledger accepts (NaN and infinities too, which json writes and msgspec
@@ -152,9 +153,8 @@ async def small_ledger(settings: Settings) -> AsyncIterator[LedgerServer]:
     small = dataclasses.replace(
         settings, max_fact_bytes=4096, grpc_max_message_bytes=4096 + MESSAGE_OVERHEAD_BYTES
     )
-    server = await LedgerServer(small).start()
-    yield server
-    await server.stop(grace=0.5)
+    async with running_ledger(small) as server:
+        yield server
 
 
 async def test_packed_pages_stay_within_the_message_limit(small_ledger: LedgerServer) -> None:

@@ -109,6 +109,16 @@ async def stop_cluster(cluster: Cluster) -> None:
 
 
 @asynccontextmanager
+async def running_ledger(settings: Settings) -> AsyncIterator[LedgerServer]:
+    """A ledger server alone, stopped (with a short grace) when the block ends."""
+    server = await LedgerServer(settings).start()
+    try:
+        yield server
+    finally:
+        await server.stop(grace=0.5)
+
+
+@asynccontextmanager
 async def running_cluster(settings: Settings, **kernel_config: int) -> AsyncIterator[Cluster]:
     """`start_cluster`, stopped (`stop_cluster`) when the block ends, however."""
     cluster = await start_cluster(settings, **kernel_config)
