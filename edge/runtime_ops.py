@@ -50,6 +50,14 @@ async def _attached_runners(gateway: Gateway) -> list[RuntimeInfo]:
     return [r for r in await gateway.runtimes() if r.role == "runner" and r.attached]
 
 
+async def _runners_asked(gateway: Gateway, runtime_id: str | None) -> list[RuntimeInfo]:
+    """The runner named (refused when it is not attached), or, with no name,
+    every attached runner."""
+    if runtime_id is not None:
+        return [await _named_runner(gateway, runtime_id)]
+    return await _attached_runners(gateway)
+
+
 async def _call_drain(
     gateway: Gateway, runtime: RuntimeInfo, mode: DrainMode, deadline_ms: int
 ) -> DrainOutcome:
@@ -81,10 +89,7 @@ async def drain_runtimes(
         result["edge"] = gateway.edge_id
         result["openStreams"] = await drain_this_edge(gateway, mode, deadline_ms)
         return result
-    if runtime_id is not None:
-        targets = [await _named_runner(gateway, runtime_id)]
-    else:
-        targets = await _attached_runners(gateway)
+    targets = await _runners_asked(gateway, runtime_id)
 
     async def one(runtime: RuntimeInfo) -> None:
         started = time.perf_counter()
@@ -122,10 +127,7 @@ async def undo_drains(gateway: Gateway, runtime_id: str | None) -> dict[str, Any
             return result
     # Every attached runner is asked, not only those the kernel knows to be
     # draining: a drain just begun may not be registered yet.
-    if runtime_id is not None:
-        targets = [await _named_runner(gateway, runtime_id)]
-    else:
-        targets = await _attached_runners(gateway)
+    targets = await _runners_asked(gateway, runtime_id)
 
     async def one(runtime: RuntimeInfo) -> None:
         try:
