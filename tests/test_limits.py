@@ -30,7 +30,7 @@ from services.ledger.client import FactToAppend
 from services.runner.config import RunnerConfig
 from services.runner.fact_fit import fact_bytes, fit_fact
 from services.runner.server import RunnerServer
-from tests.support.cluster import Cluster, start_cluster, stop_cluster
+from tests.support.cluster import Cluster, running_ledger, start_cluster, stop_cluster
 from tests.support.grpc_fuzz import error_reason
 from tests.support.internal_auth import token_metadata
 from tests.support.polling import eventually
@@ -47,12 +47,11 @@ AUTH = (("authorization", f"Bearer {KEY}"),)
 @pytest.fixture
 async def small_ledger(settings: Settings) -> AsyncIterator[LedgerClient]:
     limited = settings.with_overrides(max_fact_bytes=FACT_LIMIT)
-    server = await LedgerServer(limited).start()
-    try:
-        async with LedgerClient(server.target, limited) as client:
-            yield client
-    finally:
-        await server.stop(grace=0.2)
+    async with (
+        running_ledger(limited, grace=0.2) as server,
+        LedgerClient(server.target, limited) as client,
+    ):
+        yield client
 
 
 async def test_a_fact_over_the_limit_is_refused_by_name(small_ledger: LedgerClient) -> None:

@@ -16,20 +16,20 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.common.config import Settings
-from services.ledger import FactToAppend, InvalidFact, InvalidId, LedgerClient, LedgerServer
+from services.ledger import FactToAppend, InvalidFact, InvalidId, LedgerClient
 from services.ledger.errors import ApprovalDecided, ApprovalNotPending, UnknownToolCall
+from tests.support.cluster import running_ledger
 
 CALL = {"id": "call-1", "name": "counter", "arguments": {"key": "k"}}
 
 
 @pytest.fixture
 async def client(settings: Settings) -> AsyncIterator[LedgerClient]:
-    server = await LedgerServer(settings).start()
-    try:
-        async with LedgerClient(server.target, settings) as ledger_client:
-            yield ledger_client
-    finally:
-        await server.stop(grace=0.5)
+    async with (
+        running_ledger(settings) as server,
+        LedgerClient(server.target, settings) as ledger_client,
+    ):
+        yield ledger_client
 
 
 async def a_call_is_made(

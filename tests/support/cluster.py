@@ -109,13 +109,13 @@ async def stop_cluster(cluster: Cluster) -> None:
 
 
 @asynccontextmanager
-async def running_ledger(settings: Settings) -> AsyncIterator[LedgerServer]:
-    """A ledger server alone, stopped (with a short grace) when the block ends."""
+async def running_ledger(settings: Settings, grace: float = 0.5) -> AsyncIterator[LedgerServer]:
+    """A ledger server alone, stopped (with a short `grace`) when the block ends."""
     server = await LedgerServer(settings).start()
     try:
         yield server
     finally:
-        await server.stop(grace=0.5)
+        await server.stop(grace=grace)
 
 
 @asynccontextmanager
