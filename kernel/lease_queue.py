@@ -97,13 +97,7 @@ class LeaseQueue(LeaseRows):
             now = self._clock()
             record = self._load(tx, session_id)
             if record is None:
-                tx.execute(
-                    "INSERT INTO kernel_sessions (session_id, tenant_id) VALUES (%s, %s) "
-                    "ON CONFLICT (session_id) DO NOTHING",
-                    (session_id, tenant_id),
-                )
-                record = self._load(tx, session_id)
-                assert record is not None
+                record = self._create(tx, session_id, tenant_id)
                 # A tenant's first session: its slot counter. (Later ones
                 # find it; a missing one is made by admission.take.)
                 admission.ensure_counter(tx, tenant_id)

@@ -95,6 +95,17 @@ class LeaseRows:
         row = tx.one(f"{SELECT_SESSIONS} WHERE s.session_id = %s {{lock}}", (session_id,))
         return None if row is None else session_record(row)
 
+    def _create(self, tx: Tx, session_id: str, tenant_id: str) -> SessionRecord:
+        """The session's new row (or the one a racing transaction just made)."""
+        tx.execute(
+            "INSERT INTO kernel_sessions (session_id, tenant_id) VALUES (%s, %s) "
+            "ON CONFLICT (session_id) DO NOTHING",
+            (session_id, tenant_id),
+        )
+        record = self._load(tx, session_id)
+        assert record is not None
+        return record
+
     def _apply(
         self,
         tx: Tx,

@@ -180,13 +180,7 @@ class LeaseStore(LeaseQueue, LeaseEnds):
             if record is not None and (record.queued or record.live(now)):
                 return False
             if record is None:
-                tx.execute(
-                    "INSERT INTO kernel_sessions (session_id, tenant_id) VALUES (%s, %s) "
-                    "ON CONFLICT (session_id) DO NOTHING",
-                    (session_id, tenant_id),
-                )
-                record = self._load(tx, session_id)
-                assert record is not None
+                record = self._create(tx, session_id, tenant_id)
             # input_seq 0: the max announced so far stays; the ledger's head
             # may be an answer, not an input, and must not fake newer work.
             self._apply(tx, domain.enqueue(record, 0, False, now), done)
