@@ -196,12 +196,16 @@ async def test_every_process_serves_its_metrics_and_a_takeover_moves_them(
             await take_over(up, http, trigger)
             after = await scrape(urls["kernel"])
             # The takeover moved the reclaimed counter and the takeover histogram.
+            # At least once: with a 2 s lease, a machine slow enough to let the
+            # frozen runner's lease (or its successor's, while it starts) run
+            # out adds a takeover of its own, which is right, not a fault.
             reclaimed = "keel_kernel_reclaimed_total"
-            assert total(after, reclaimed) == total(before, reclaimed) + 1, after.get(reclaimed)
+            assert total(after, reclaimed) >= total(before, reclaimed) + 1, after.get(reclaimed)
+            assert {labels["expired_by"] for labels, _ in after[reclaimed]} <= {"ttl", "disconnect"}
             takeovers = "keel_kernel_takeover_latency_milliseconds_count"
-            assert total(after, takeovers) == total(before, takeovers) + 1
+            assert total(after, takeovers) >= total(before, takeovers) + 1
             successor = await scrape(urls["runner-1"])
-            assert total(successor, "keel_runner_takeover_first_commit_milliseconds_count") == 1
+            assert total(successor, "keel_runner_takeover_first_commit_milliseconds_count") >= 1
 
             session = await run_everything_once(up, http)
             # Read before the drain: a drained runner exits (and is replaced).
