@@ -30,6 +30,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
+from kernel.turn_settlement import CREATE_FUNCTION
 from services.common import hops
 from services.common.config import Settings
 from services.common.errors import DatabaseUnavailable, ServiceUnavailable
@@ -272,6 +273,8 @@ class Database:
                         conn.execute(
                             f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}".encode()
                         )
+                    # After the tables: the function's row type is theirs.
+                    conn.execute(CREATE_FUNCTION.encode())
                 finally:
                     conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
         except psycopg.OperationalError as exc:

@@ -44,7 +44,7 @@ class LeaseOps(Protocol):
     """The servicer's lease operations, shared with the unary RPCs."""
 
     async def claim(
-        self, request: pb.ClaimRequest, known: KnownLoadout | None = None
+        self, request: pb.ClaimRequest, stream: LeaseStreamSession | None = None
     ) -> pb.ClaimResponse: ...
 
     async def renew(self, request: pb.RenewRequest) -> pb.RenewResponse: ...
@@ -164,7 +164,7 @@ class LeaseStreamSession:
     async def _decide(self, request: pb.LeaseStreamRequest, kind: str) -> None:
         try:
             if kind == "claim":
-                claimed = await self._ops.claim(request.claim, self.known)
+                claimed = await self._ops.claim(request.claim, self)
                 if claimed.HasField("loadout") and claimed.loadout.document_json:
                     # No await between this and the queueing below.
                     self._sent_loadouts[claimed.lease.tenant_id] = claimed.loadout.revision

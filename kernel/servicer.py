@@ -221,12 +221,18 @@ class KernelServicer(TenancyRpcs, pb_grpc.KernelServiceServicer):
         return await self.claim(request)
 
     async def claim(
-        self, request: pb.ClaimRequest, known: KnownLoadout | None = None
+        self, request: pb.ClaimRequest, stream: WakeTarget | None = None
     ) -> pb.ClaimResponse:
-        """`known(tenant, revision)`: the caller already has that document
-        (a LeaseStream sent it), so the answer leaves it out. Checked last,
-        with no await after it, so a stream answers in the order it decided."""
+        """A claim on a LeaseStream (`stream`) makes that stream the way the
+        runtime's wakes take: a session it keeps may have been settled by
+        the ledger (kernel/turn_settlement.py), with no Finish to bind it.
+        `stream.known(tenant, revision)`: the caller already has that
+        document, so the answer leaves it out. Checked last, with no await
+        after it, so a stream answers in the order it decided."""
         runtime_id = check_id(request.runtime_id, "runtime_id")
+        if stream is not None:
+            self.wake_routes.bind(runtime_id, stream)
+        known = None if stream is None else stream.known
         wait_ms = non_negative(request.wait_ms, "wait_ms")
         if wait_ms > MAX_WAIT_MS:
             raise InvalidArgument(f"wait_ms must be at most {MAX_WAIT_MS}", field="wait_ms")

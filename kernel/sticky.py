@@ -1,9 +1,12 @@
 """Where a sticky session's wake goes: the LeaseStream of the runner keeping it.
 
-A runner asks for a sticky window on a Finish sent over its LeaseStream,
-and that stream becomes the way to reach it: an Enqueue for a session in
-its window holds the lease again for that runner (same epoch) and sends the
-lease down that stream as an unasked `wake`, instead of queueing a claim.
+A runner asks for a sticky window on a Finish sent over its LeaseStream, or
+on the append of its final answer, which the ledger settles for the kernel
+(kernel/turn_settlement.py). The runner's LeaseStream is the way to reach
+it (bound by its claims and its Finishes on that stream): an Enqueue for a
+session in its window holds the lease again for that runner (same epoch)
+and sends the lease down that stream as an unasked `wake`, instead of
+queueing a claim.
 
 Only streams of this kernel process are known here. An input that reaches
 another kernel replica, or arrives after the stream ended, finds no route:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         InvalidCursor,
         InvalidFact,
         InvalidId,
+        InvalidSettlement,
         LedgerError,
         SessionExists,
         SessionNotFound,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     )
     from services.ledger.facts import CommittedFact
     from services.ledger.server import LedgerServer, run_ledger
-    from services.ledger.views import Appended, OpenToolCall, SessionView
+    from services.ledger.views import Appended, OpenToolCall, SessionView, Settlement
 
 __all__ = [
     "Appended",
@@ -41,6 +42,7 @@ __all__ = [
     "InvalidCursor",
     "InvalidFact",
     "InvalidId",
+    "InvalidSettlement",
     "LedgerClient",
     "LedgerError",
     "LedgerServer",
@@ -49,6 +51,7 @@ __all__ = [
     "SessionNotFound",
     "SessionPage",
     "SessionView",
+    "Settlement",
     "StaleEpoch",
     "UnknownToolCall",
     "WriteContention",
@@ -64,11 +67,13 @@ _EXPORTS: dict[str, str] = {
     "Appended": "services.ledger.views",
     "OpenToolCall": "services.ledger.views",
     "SessionView": "services.ledger.views",
+    "Settlement": "services.ledger.views",
     "FactTooLarge": "services.ledger.errors",
     "IdempotencyConflict": "services.ledger.errors",
     "InvalidCursor": "services.ledger.errors",
     "InvalidFact": "services.ledger.errors",
     "InvalidId": "services.ledger.errors",
+    "InvalidSettlement": "services.ledger.errors",
     "LedgerError": "services.ledger.errors",
     "SessionExists": "services.ledger.errors",
     "SessionNotFound": "services.ledger.errors",

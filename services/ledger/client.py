@@ -16,11 +16,11 @@ from services.common.config import Settings
 from services.common.rpc import balanced_target, replica_channel_options, streaming, unary
 from services.common.serving import MESSAGE_OVERHEAD_BYTES, open_channel
 from services.ledger.append_stream import AppendPipeline
-from services.ledger.codec import fact_from_pb, new_fact_to_pb, view_from_pb
+from services.ledger.codec import fact_from_pb, new_fact_to_pb, settlement_to_pb, view_from_pb
 from services.ledger.errors import LedgerError
 from services.ledger.facts import CommittedFact
 from services.ledger.packed_facts import MAX_PACKED_READ_LIMIT, facts_from_packed
-from services.ledger.views import Appended, SessionView
+from services.ledger.views import Appended, SessionView, Settlement
 
 # Safe to resend to another replica after UNAVAILABLE. Appends are left to
 # the callers: only some facts carry a dedup key.
@@ -103,6 +103,19 @@ class LedgerClient:
         self, session_id: str, kind: str, data: Mapping[str, Any], epoch: int = 0
     ) -> Appended:
         return (await self.append(session_id, [FactToAppend(kind, data)], epoch))[0]
+
+    async def append_settling(
+        self, session_id: str, kind: str, data: Mapping[str, Any], epoch: int, settle: Settlement
+    ) -> tuple[Appended, int]:
+        """Appends an attempt's last fact with its Finish (`settle`) for the
+        ledger to settle in the same transaction where it can; also returns
+        the end of the sticky window granted, or 0 when nothing was settled
+        (the caller then sends its Finish)."""
+        request = _append_request(session_id, [FactToAppend(kind, data)], epoch)
+        request.settle.CopyFrom(settlement_to_pb(settle))
+        response = await self._appends.append(request)
+        result = response.results[0]
+        return Appended(result.seq, result.duplicate), response.sticky_until_ms
 
     async def read(
         self, session_id: str, after_seq: int = 0, limit: int = 0, *, packed: bool = True

@@ -13,7 +13,7 @@ from typing import Any, cast
 from keel.ledger.v1 import ledger_pb2 as pb
 from services.ledger.fact_json import StoredData, decode_data
 from services.ledger.facts import CommittedFact
-from services.ledger.views import OpenToolCall, SessionView
+from services.ledger.views import OpenToolCall, SessionView, Settlement
 
 
 def _data_json(data: Mapping[str, Any]) -> str:
@@ -106,3 +106,19 @@ def view_from_pb(message: pb.GetSessionResponse) -> SessionView:
         latest_cancel_seq=message.latest_cancel_seq,
         context_head_seq=message.context_head_seq,
     )
+
+
+def settlement_to_pb(settle: Settlement) -> pb.TurnSettlement:
+    return pb.TurnSettlement(
+        runtime_id=settle.runtime_id,
+        read_through=settle.read_through,
+        sticky_ms=settle.sticky_ms,
+    )
+
+
+def settlement_from_pb(request: pb.AppendRequest) -> Settlement | None:
+    """The append's settlement, if it carries one (unchecked)."""
+    if not request.HasField("settle"):
+        return None
+    settle = request.settle
+    return Settlement(settle.runtime_id, settle.read_through, settle.sticky_ms)

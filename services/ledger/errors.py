@@ -7,6 +7,7 @@ LedgerError
  │    └── FactTooLarge      INVALID_ARGUMENT     FACT_TOO_LARGE
  ├── InvalidCursor          INVALID_ARGUMENT     INVALID_CURSOR
  ├── InvalidId              INVALID_ARGUMENT     INVALID_ID
+ ├── InvalidSettlement      INVALID_ARGUMENT     INVALID_SETTLEMENT
  ├── StaleEpoch             FAILED_PRECONDITION  STALE_EPOCH
  ├── IdempotencyConflict    ALREADY_EXISTS       IDEMPOTENCY_CONFLICT
  ├── UnknownToolCall        FAILED_PRECONDITION  UNKNOWN_TOOL_CALL
@@ -58,6 +59,14 @@ class InvalidCursor(LedgerError):
 class InvalidId(LedgerError):
     code = grpc.StatusCode.INVALID_ARGUMENT
     reason = "INVALID_ID"
+
+
+class InvalidSettlement(LedgerError):
+    """An append's `settle` that cannot be a runner's Finish (no epoch,
+    a negative number)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "INVALID_SETTLEMENT"
 
 
 class StaleEpoch(LedgerError):

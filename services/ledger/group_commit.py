@@ -30,9 +30,9 @@ from services.common.errors import DatabaseUnavailable, InternalError
 from services.ledger import facts as F
 from services.ledger.domain import SessionStream
 from services.ledger.errors import LedgerError, WriteContention
-from services.ledger.metrics import record_batch
+from services.ledger.metrics import record_batch, turns_settled
 from services.ledger.stream_cache import StreamCache
-from services.ledger.views import Appended
+from services.ledger.views import Appended, Settlement
 
 # The store's logger: the writer's failures are the store's to say.
 log = logging.getLogger(__name__)
@@ -52,12 +52,17 @@ class PendingAppend:
     session_id: str
     new_facts: Sequence[F.NewFact]
     epoch: int
+    # The attempt's Finish to settle in the same transaction, if it can be.
+    settlement: Settlement | None = None
     future: concurrent.futures.Future[list[Appended]] = field(
         default_factory=concurrent.futures.Future
     )
     # Set for callers on an event loop: settled in one loop callback per
     # batch instead of one cross-thread wake-up per append.
     aio_future: asyncio.Future[list[Appended]] | None = None
+    # Set by the writer before the outcome: the sticky window's end when
+    # `settle` was done in the append's transaction, else 0.
+    sticky_until_ms: int = 0
 
     def settle(self, outcome: list[Appended] | BaseException) -> None:
         if self.aio_future is None:
@@ -76,6 +81,19 @@ def settle_on_loop(settled: list[tuple[PendingAppend, list[Appended] | BaseExcep
             target.set_exception(outcome)
         else:
             target.set_result(outcome)
+
+
+def _settles(
+    decided: Sequence[tuple[PendingAppend, SessionStream, list[Appended]]],
+) -> dict[str, tuple[int, Settlement]]:
+    """The Finishes to settle with a batch: those of appends that write.
+    A duplicate writes nothing, so its turn was settled (or not) with the
+    original, and its runner learns nothing here: it sends its Finish."""
+    return {
+        pending.session_id: (pending.epoch, pending.settlement)
+        for pending, stream, _ in decided
+        if pending.settlement is not None and stream.pending_events
+    }
 
 
 # Put on the queue by close(): the writer ends once it reaches it.
@@ -167,7 +185,10 @@ class GroupCommit(StreamCache):
             saved: list[Any] = []
             try:
                 if changed:
-                    saved = self._save(changed)
+                    saved, settled_until = self._save(changed, _settles(decided))
+                    for pending, _, _ in decided:
+                        pending.sticky_until_ms = settled_until.get(pending.session_id, 0)
+                    turns_settled(len(settled_until))
             except IntegrityError:
                 for _, stream, _ in decided:
                     self._forget(stream.id)
@@ -236,7 +257,9 @@ class GroupCommit(StreamCache):
             _, stream, results = outcome
             try:
                 if stream.pending_events:
-                    self._save([stream])
+                    _, settled_until = self._save([stream], _settles([outcome]))
+                    pending.sticky_until_ms = settled_until.get(pending.session_id, 0)
+                    turns_settled(len(settled_until))
             except IntegrityError:
                 self._forget(stream.id)
                 continue

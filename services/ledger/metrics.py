@@ -42,6 +42,13 @@ _stale_appends = _meter.create_counter(
     "taken over, stopped before it wrote a conflicting fact",
 )
 
+_turns_settled = _meter.create_counter(
+    "keel.ledger.turns_settled",
+    description="attempts whose Finish (done, session kept) the ledger did in the "
+    "transaction of their final answer; the kernel's keel.kernel.finishes does not "
+    "count these",
+)
+
 
 def prime() -> None:
     """Counters at 0 from the start (see kernel.metrics.prime); histograms
@@ -51,6 +58,12 @@ def prime() -> None:
     show_from_start(_METER, _BATCH_SIZE)
     _facts_appended.add(0)
     _stale_appends.add(0)
+    _turns_settled.add(0)
+
+
+def turns_settled(count: int) -> None:
+    """Finishes done by the writer's transaction (services.ledger.group_commit)."""
+    _turns_settled.add(count)
 
 
 def stale_append_refused() -> None:

@@ -26,12 +26,20 @@ from services.common.errors import (
 )
 from services.common.serving import MESSAGE_OVERHEAD_BYTES, GrpcService
 from services.ledger import facts as F
-from services.ledger.codec import fact_to_pb, read_response, view_to_pb
-from services.ledger.errors import InvalidCursor, InvalidFact, SessionNotFound, StaleEpoch
+from services.ledger.codec import fact_to_pb, read_response, settlement_from_pb, view_to_pb
+from services.ledger.errors import (
+    InvalidCursor,
+    InvalidFact,
+    InvalidSettlement,
+    SessionNotFound,
+    StaleEpoch,
+)
+from services.ledger.fact_schema import check_id
+from services.ledger.group_commit import PendingAppend
 from services.ledger.metrics import stale_append_refused, time_append
 from services.ledger.packed_facts import MAX_PACKED_READ_LIMIT
 from services.ledger.store import LedgerStore
-from services.ledger.views import Appended
+from services.ledger.views import Appended, Settlement
 from services.ledger.waker import SessionWaker
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -53,15 +61,15 @@ APPEND_SPAN = "/keel.ledger.v1.LedgerService/AppendStream/Append"
 # seen here even when it gave up on its call before the answer came back.
 fence_log = logging.getLogger(__name__)
 
+Outcome = asyncio.Future[list[Appended]]
 
-def note_refusal(
-    session_id: str, epoch: int, kinds: Sequence[str]
-) -> Callable[[asyncio.Future[list[Appended]]], None]:
+
+def note_refusal(session_id: str, epoch: int, kinds: Sequence[str]) -> Callable[[Outcome], None]:
     """A done-callback of an append's outcome that counts and logs a
     STALE_EPOCH refusal, as `stale append refused: session=… epoch=…
     fence=… kinds=…` (the fence is the session's current epoch)."""
 
-    def settled(outcome: asyncio.Future[list[Appended]]) -> None:
+    def settled(outcome: Outcome) -> None:
         if outcome.cancelled():
             return
         error = outcome.exception()  # also marks it retrieved
@@ -78,16 +86,34 @@ def note_refusal(
     return settled
 
 
-def append_response(results: Sequence[Appended]) -> pb.AppendResponse:
+def settlement_of(request: pb.AppendRequest) -> Settlement | None:
+    """The append's settlement, checked: only a runner's append (an epoch)
+    carries one, with a runtime id and no negative number."""
+    settle = settlement_from_pb(request)
+    if settle is None:
+        return None
+    if request.epoch <= 0:
+        raise InvalidSettlement("only an append with the runner's epoch settles a turn")
+    check_id(settle.runtime_id, "settle.runtime_id")
+    if settle.read_through < 0 or settle.sticky_ms < 0:
+        raise InvalidSettlement("settle.read_through and settle.sticky_ms must be >= 0")
+    return settle
+
+
+def append_response(pending: PendingAppend) -> pb.AppendResponse:
+    """The answer to a settled append (its outcome is a result)."""
+    assert pending.aio_future is not None
+    results = pending.aio_future.result()
     return pb.AppendResponse(
         results=[pb.AppendResult(seq=r.seq, duplicate=r.duplicate) for r in results],
         head_seq=max(r.seq for r in results),
+        sticky_until_ms=pending.sticky_until_ms,
     )
 
 
 def traced_append(
     request: pb.AppendStreamRequest,
-) -> Callable[[asyncio.Future[list[Appended]]], None]:
+) -> Callable[[Outcome], None]:
     """Starts the span of an append that came on the stream with its
     caller's trace context (gRPC's own spans are per call, not per message)
     and returns the done-callback that ends it with the outcome."""
@@ -98,7 +124,7 @@ def traced_append(
         attributes={tracing.SESSION_ID: request.append.session_id, "rpc.method": "AppendStream"},
     )
 
-    def settled(outcome: asyncio.Future[list[Appended]]) -> None:
+    def settled(outcome: Outcome) -> None:
         error = None if outcome.cancelled() else outcome.exception()
         if isinstance(error, KeelError):
             span.set_status(trace.Status(trace.StatusCode.ERROR, error.reason))
@@ -149,10 +175,11 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
         created = await asyncio.to_thread(self._store.create_session, session_id, tenant_id)
         return pb.CreateSessionResponse(session_id=session_id, created=created)
 
-    def submit_append(self, request: pb.AppendRequest) -> asyncio.Future[list[Appended]]:
+    def submit_append(self, request: pb.AppendRequest) -> PendingAppend:
         """Validates an append and queues it for the writer: the one way in
         for `Append` and `AppendStream` alike. Raises what it refuses before
-        queueing; the outcome counts and logs a fence refusal and its latency."""
+        queueing; the outcome (`aio_future`) counts and logs a fence refusal
+        and its latency."""
         started = time.perf_counter()
         session_id = F.check_id(request.session_id, "session_id")
         if request.epoch < 0:
@@ -164,18 +191,25 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
         new_facts = [
             F.parse_fact(f.kind, f.data_json, self._settings.max_fact_bytes) for f in request.facts
         ]
-        outcome = self._store.submit_async(session_id, new_facts, request.epoch)
+        pending = self._store.submit_async(
+            session_id, new_facts, request.epoch, settlement_of(request)
+        )
+        outcome = pending.aio_future
+        assert outcome is not None
         outcome.add_done_callback(
             note_refusal(session_id, request.epoch, [f.kind for f in new_facts])
         )
         outcome.add_done_callback(time_append(started))
-        return outcome
+        return pending
 
     @unary_errors
     async def Append(self, request: pb.AppendRequest, context: Context) -> pb.AppendResponse:
+        pending = self.submit_append(request)
+        assert pending.aio_future is not None
         # Shielded: a caller that goes away does not cancel the outcome, so
         # the decision (already queued) is still seen and counted.
-        return append_response(await asyncio.shield(self.submit_append(request)))
+        await asyncio.shield(pending.aio_future)
+        return append_response(pending)
 
     @stream_errors
     async def AppendStream(
@@ -195,7 +229,7 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
             answers.append(response)
             wake.set()
 
-        def settled(request_id: int, outcome: asyncio.Future[list[Appended]]) -> None:
+        def settled(request_id: int, pending: PendingAppend, outcome: Outcome) -> None:
             nonlocal in_flight
             in_flight -= 1
             room.release()
@@ -205,11 +239,7 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
                 else outcome.exception()
             )
             if error is None:
-                answer(
-                    pb.AppendStreamResponse(
-                        id=request_id, appended=append_response(outcome.result())
-                    )
-                )
+                answer(pb.AppendStreamResponse(id=request_id, appended=append_response(pending)))
             else:
                 # The store settles with an Exception, never a bare BaseException.
                 assert isinstance(error, Exception)
@@ -221,15 +251,17 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
                 hops.called(APPEND_STREAM_METHOD)
                 await room.acquire()
                 try:
-                    outcome = self.submit_append(request.append)
+                    pending = self.submit_append(request.append)
                 except Exception as error:  # refused before it was queued
                     room.release()
                     answer(refusal(request.id, error))
                     continue
                 in_flight += 1
+                outcome = pending.aio_future
+                assert outcome is not None
                 if request.traceparent and tracing.enabled():
                     outcome.add_done_callback(traced_append(request))
-                outcome.add_done_callback(functools.partial(settled, request.id))
+                outcome.add_done_callback(functools.partial(settled, request.id, pending))
 
         reader = asyncio.create_task(read_requests())
         reader.add_done_callback(lambda _: wake.set())

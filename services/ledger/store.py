@@ -42,7 +42,7 @@ from services.ledger.event_insert import BatchInsert
 from services.ledger.group_commit import STOP, GroupCommit, OnCommit, OnFacts, PendingAppend
 from services.ledger.packed_facts import PackedFact, pack
 from services.ledger.stored_facts import FactReader, pack_rows
-from services.ledger.views import Appended, SessionView
+from services.ledger.views import Appended, SessionView, Settlement
 
 
 class LedgerStore(GroupCommit):
@@ -133,13 +133,20 @@ class LedgerStore(GroupCommit):
         return pending.future
 
     def submit_async(
-        self, session_id: str, new_facts: Sequence[F.NewFact], epoch: int
-    ) -> asyncio.Future[list[Appended]]:
-        """Like submit(), for a caller on the running event loop."""
-        pending = PendingAppend(session_id, new_facts, epoch)
+        self,
+        session_id: str,
+        new_facts: Sequence[F.NewFact],
+        epoch: int,
+        settle: Settlement | None = None,
+    ) -> PendingAppend:
+        """Like submit(), for a caller on the running event loop: the
+        outcome is the returned append's `aio_future`. With `settle`, the
+        append's transaction may settle the attempt's lease too
+        (`sticky_until_ms`, set when the outcome is)."""
+        pending = PendingAppend(session_id, new_facts, epoch, settle)
         pending.aio_future = asyncio.get_running_loop().create_future()
         self._queue.put(pending)
-        return pending.aio_future
+        return pending
 
     def append(self, session_id: str, new_facts: Sequence[F.NewFact], epoch: int) -> list[Appended]:
         return self.submit(session_id, new_facts, epoch).result()

@@ -11,7 +11,7 @@ saved to, and the outage gate a failure of that store closes.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from eventsourcing.application import AggregateNotFoundError
@@ -24,6 +24,7 @@ from services.ledger.backend import LedgerApplication
 from services.ledger.domain import SessionStream
 from services.ledger.errors import SessionNotFound
 from services.ledger.event_insert import BatchInsert
+from services.ledger.views import Settlement
 
 CACHE_SIZE = 4096
 
@@ -46,18 +47,27 @@ class StreamCache:
             self._gate.failed()
         return DatabaseUnavailable(f"ledger store unavailable: {exc}")
 
-    def _save(self, streams: Sequence[SessionStream]) -> list[Any]:
+    def _save(
+        self,
+        streams: Sequence[SessionStream],
+        settles: Mapping[str, tuple[int, Settlement]] | None = None,
+    ) -> tuple[list[Any], dict[str, int]]:
+        """Saves the streams' new events; settles the turns of `settles`
+        ({session: (epoch, settlement)}) in the same transaction where this
+        database allows (PostgreSQL, with the kernel's tables). Returns the
+        events, and the sticky window's end of each session settled."""
         # The event store directly, not Application.save(): the latter's
         # protocol checks and snapshot/notify hooks cost more CPU than the
         # whole insert on this path, and the ledger uses none of them.
         events = [event for stream in streams for event in stream.collect_events()]
+        settled: dict[str, int] = {}
         if self._batch_insert is not None:
-            self._batch_insert.put(events)
+            settled = self._batch_insert.put(events, settles)
         else:
             self.app.events.put(events)
         # One transaction, whatever the batch holds (create_session's too).
         hops.committed("ledger")
-        return events
+        return events, settled
 
     def _load(self, session_id: str) -> SessionStream:
         stream = self._streams.get(session_id)

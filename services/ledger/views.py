@@ -19,6 +19,17 @@ class Appended:
 
 
 @dataclass(frozen=True)
+class Settlement:
+    """A successful attempt's Finish, carried by its last append so the
+    append's transaction settles the lease too (services/common/
+    turn_settlement.py); the epoch is the append's."""
+
+    runtime_id: str
+    read_through: int
+    sticky_ms: int
+
+
+@dataclass(frozen=True)
 class OpenToolCall:
     tool_call_id: str
     name: str

@@ -143,25 +143,67 @@ class AppendRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     FACTS_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    SETTLE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     epoch: _builtins.int
     """0 for client writes; a runner's claim epoch otherwise."""
     @_builtins.property
     def facts(self) -> _containers.RepeatedCompositeFieldContainer[Global___NewFact]: ...
+    @_builtins.property
+    def settle(self) -> Global___TurnSettlement:
+        """Set by a runner on the answer that ends its attempt: the kernel's Finish
+        of that attempt, asked to be done in this append's transaction.
+        """
+
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         facts: _abc.Iterable[Global___NewFact] | None = ...,
         epoch: _builtins.int = ...,
+        settle: Global___TurnSettlement | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["settle", b"settle"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "facts", b"facts", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "facts", b"facts", "session_id", b"session_id", "settle", b"settle"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AppendRequest: _TypeAlias = AppendRequest  # noqa: Y015
+
+@_typing.final
+class TurnSettlement(_message.Message):
+    """A successful attempt's Finish asking for a sticky window, carried by its
+    last append. Where the ledger shares the kernel's PostgreSQL database, the
+    append's transaction settles the lease too (one commit instead of two);
+    it does so only in the plain case: the lease of this epoch is held by
+    `runtime_id`, no input newer than `read_through` came, the runtime is not
+    draining and no other session of the tenant waits for a run slot.
+    Otherwise, and on SQLite, nothing is settled and the runner sends Finish.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNTIME_ID_FIELD_NUMBER: _builtins.int
+    READ_THROUGH_FIELD_NUMBER: _builtins.int
+    STICKY_MS_FIELD_NUMBER: _builtins.int
+    runtime_id: _builtins.str
+    read_through: _builtins.int
+    sticky_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        runtime_id: _builtins.str = ...,
+        read_through: _builtins.int = ...,
+        sticky_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["read_through", b"read_through", "runtime_id", b"runtime_id", "sticky_ms", b"sticky_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TurnSettlement: _TypeAlias = TurnSettlement  # noqa: Y015
 
 @_typing.final
 class AppendResult(_message.Message):
@@ -192,7 +234,12 @@ class AppendResponse(_message.Message):
 
     RESULTS_FIELD_NUMBER: _builtins.int
     HEAD_SEQ_FIELD_NUMBER: _builtins.int
+    STICKY_UNTIL_MS_FIELD_NUMBER: _builtins.int
     head_seq: _builtins.int
+    sticky_until_ms: _builtins.int
+    """The end of the sticky window granted when the request's `settle` was
+    done in its transaction; 0: not settled (the runner sends Finish).
+    """
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___AppendResult]: ...
     def __init__(
@@ -200,10 +247,11 @@ class AppendResponse(_message.Message):
         *,
         results: _abc.Iterable[Global___AppendResult] | None = ...,
         head_seq: _builtins.int = ...,
+        sticky_until_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["head_seq", b"head_seq", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["head_seq", b"head_seq", "results", b"results", "sticky_until_ms", b"sticky_until_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
