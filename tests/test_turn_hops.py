@@ -24,10 +24,12 @@ the first count, for the passes each one makes at start-up):
 The kernel's claim re-checks and the Attach stream's heartbeats are not hops
 (no RPC received, nothing written), so they need no exclusion.
 
-A turn is over once every count of the tables below is reached: its last hop
-is the runner's next claim, sent after Finish, so each turn's window ends at
-the same point. A hop too many fails the comparison; one too few times out.
-Both failures print the table observed.
+A turn is over once every count of the tables below is reached and the
+runner is done with it: a cold turn's last hop is the runner's next claim,
+sent after Finish; a warm turn's is its answer, and the runner is done once
+it keeps the session again (it would have sent a Finish before that). So
+each turn's window ends at the same point. A hop too many fails the
+comparison; one too few times out. Both failures print the table observed.
 
 When the hot path changes (a pipelined AppendStream, a lease stream), update
 the two tables and NEXT_CLAIM: the stream servicers count each message they
@@ -71,17 +73,20 @@ COLD_COMMITS_PER_TURN = {
     "ledger": 3,  # one per append (the appends of one turn never share a batch)
     "kernel": 3,  # enqueue, claim, finish
 }
-# A warm turn of a sticky session: the runner already holds the lease's epoch.
+# A warm turn of a sticky session: the runner already holds the lease's
+# epoch. Three hops and three commits: nothing but the turn's own writes.
 STICKY_CALLS_PER_TURN = {
-    LEDGER + "AppendStream": 2,  # the client's input, the runner's answer
+    # The client's input; the runner's answer, which carries its Finish:
+    # the ledger settles the lease in the answer's transaction, keeping the
+    # session for the runner again (kernel/turn_settlement.py).
+    LEDGER + "AppendStream": 2,
     # The client wakes the kernel, handing it the input, and the kernel
     # wakes the runner with it: the runner reads nothing.
     KERNEL + "Enqueue": 1,
-    KERNEL + "LeaseStream": 1,  # the runner's Finish, keeping the session again
 }
 STICKY_COMMITS_PER_TURN = {
-    "ledger": 2,
-    "kernel": 2,  # the enqueue with its wake, the finish
+    "ledger": 2,  # the input; the answer with the lease's settlement
+    "kernel": 1,  # the enqueue with its wake
 }
 STICKY_MS = 600_000
 # What the runner sends last in a turn (after Finish): its next claim, a
@@ -101,6 +106,12 @@ class Quiet:
     @property
     def kernel_server(self) -> KernelServer:
         return self.cluster.kernel_server
+
+    def keeps(self, session_id: str) -> bool:
+        """The runner is done with the session's turn and keeps it."""
+        runtime = self.runner.runtime
+        assert runtime is not None
+        return session_id in runtime.intake.sticky and session_id not in runtime.in_flight
 
 
 @dataclass(frozen=True)
@@ -169,9 +180,11 @@ def _claims(spent: hops.Hops) -> int:
 
 def _reached(spent: hops.Hops, expected: Expected, claims_only: bool = False) -> bool:
     """Whether one turn's worth of every expected count (or of the runner's
-    claims alone) has been counted."""
+    LeaseStream messages alone: its Finish, unless the answer carried it,
+    and its next claim) has been counted."""
     if claims_only:
-        return _claims(spent) >= COLD_CALLS_PER_TURN[NEXT_CLAIM]
+        finish_and_claim = 1 if expected.calls is STICKY_CALLS_PER_TURN else 2
+        return _claims(spent) >= finish_and_claim
     calls = all(spent.calls.get(m, 0) >= n for m, n in expected.calls.items())
     commits = all(spent.commits.get(s, 0) >= n for s, n in expected.commits.items())
     return calls and commits
@@ -195,8 +208,12 @@ async def _turn(
     # The answer is seen before the attempt finishes; its Finish and the
     # runner's next claim belong to the turn all the same. (The warm-up turn
     # makes other hops besides: only its claims tell when it is over.)
+    sticky = expected.calls is STICKY_CALLS_PER_TURN
     await eventually(
-        lambda: _reached(hops.snapshot().since(before), expected, claims_only=warm_up),
+        lambda: (
+            _reached(hops.snapshot().since(before), expected, claims_only=warm_up)
+            and (not sticky or quiet.keeps(session_id))
+        ),
         f"turn {n} to be over",
         detail=lambda: _observed(hops.snapshot().since(before), 1),
     )

@@ -44,7 +44,7 @@ from services.common import faults, tracing
 from services.common.config import DEFAULT_MAX_FACT_BYTES
 from services.common.errors import ServiceUnavailable
 from services.common.outage_log import OutageLog
-from services.ledger import LedgerClient, StaleEpoch
+from services.ledger import LedgerClient, Settlement, StaleEpoch
 from services.ledger.facts import EPOCH_STARTED, INPUT, CommittedFact, FactKind
 from services.runner import metrics as runner_metrics
 from services.runner import model_turn, tool_turn
@@ -96,6 +96,8 @@ class AttemptServices:
     blobs: BlobContent | None = None
     # The ledger's fact limit: what the runner writes is cut to it first.
     max_fact_bytes: int = DEFAULT_MAX_FACT_BYTES
+    # The sticky window a successful attempt asks for now (0: none).
+    sticky_window: Callable[[], int] = lambda: 0
 
 
 class Attempt:
@@ -119,6 +121,10 @@ class Attempt:
         self.began = time.perf_counter()
         self.provider_call = runner_metrics.ProviderCall()
         self.watermark = 0
+        # The end of the sticky window granted when the append of the final
+        # answer settled the attempt with the kernel (the ledger did its
+        # Finish in the same transaction); 0 until then, and where it did not.
+        self.settled_until_ms = 0
         self.facts: list[CommittedFact] = []
         # seq -> parsed context message, kept across turns (and attempts).
         self.parsed: dict[int, MessageEntry] = {}
@@ -197,14 +203,23 @@ class Attempt:
         if wanted:
             await blobs.prefetch(self.lease.tenant_id, wanted)
 
-    async def commit(self, kind: FactKind, data: Mapping[str, Any]) -> int:
+    async def commit(self, kind: FactKind, data: Mapping[str, Any], *, last: bool = False) -> int:
+        """Appends one fact under the attempt's epoch. `last`: the attempt's
+        final answer, which carries the attempt's Finish when a sticky
+        window is wanted, for the ledger to settle in the same transaction
+        (`settled_until_ms` says whether it did)."""
         # An answer or result the ledger would refuse would fail every retry.
         data = fit_fact(data, self.services.max_fact_bytes)
+        ledger = self.services.ledger
+        settlement = self._settlement() if last else None
         try:
             with tracing.span("keel.commit", self.trace_attributes, {"keel.fact.kind": kind}):
-                appended = await self.services.ledger.append_one(
-                    self.session_id, kind, data, epoch=self.epoch
-                )
+                if settlement is None:
+                    appended = await ledger.append_one(self.session_id, kind, data, self.epoch)
+                else:
+                    appended, self.settled_until_ms = await ledger.append_settling(
+                        self.session_id, kind, data, self.epoch, settlement
+                    )
         except StaleEpoch as error:
             raise Fenced(str(error)) from None
         known = self.facts[-1].seq if self.facts else 0
@@ -226,6 +241,14 @@ class Attempt:
             await self.refresh()
         self.services.hub.committed(self.session_id, self.epoch, appended.seq)
         return appended.seq
+
+    def _settlement(self) -> Settlement | None:
+        """The Finish a successful end of this attempt sends (kernel Finish
+        with `read_through` the watermark), if it asks for a window."""
+        sticky_ms = self.services.sticky_window()
+        if sticky_ms <= 0:
+            return None
+        return Settlement(self.services.runtime_id, self.watermark, sticky_ms)
 
     def status(self, state: SessionState) -> None:
         self.services.hub.publish(self.session_id, StatusChange(state, self.epoch))

@@ -205,8 +205,11 @@ class Intake:
         self.sticky.take(lease.session_id)
         earlier = self._running.get(lease.session_id)
         if earlier is not None:
-            # The wake overtook the turn's own end (its Finish answer).
+            # The wake overtook the turn's own end (its Finish answer, or
+            # the answer of the append that settled it), which keeps the
+            # session again as it ends: this wake ends that hold too.
             await asyncio.wait({earlier.task})
+            self.sticky.take(lease.session_id)
         full = self._slots.locked() and not self._claim_has_slot
         if self._draining() or full or lease.session_id in self._running:
             log.debug("wake of %s handed back", lease.session_id)

@@ -106,7 +106,7 @@ async def answer(attempt: Attempt, owed: T.Owed) -> None:
     # here sends this append first when it is resumed.
     faults.hit("before_final_answer" if final else "before_assistant_commit")
     with attempt.answering(owed.input_seqs if final else ()):
-        await attempt.commit(ASSISTANT, data)
+        await attempt.commit(ASSISTANT, data, last=final)
     if final:
         runner_metrics.turn_answered()
     if final and faults.injected("duplicate_reply"):

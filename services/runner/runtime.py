@@ -311,6 +311,7 @@ class Runtime:
             # A shutdown stops attempts anyway; one at a boundary stops there.
             handoff_requested=lambda: self.drain_mode != DrainMode.NONE,
             lease_ms=self.settings.lease_ms,
+            sticky_window=self.intake.sticky_window,
             blobs=self.blobs,
             max_fact_bytes=self.settings.max_fact_bytes,
         )

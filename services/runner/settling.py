@@ -66,6 +66,10 @@ class AttemptSettler:
 
         def on_lost() -> None:
             nonlocal lost
+            if attempt.settled_until_ms:
+                # The ledger settled the lease with the final answer: it is
+                # kept now, no longer held, and renewals are refused.
+                return
             lost = True
             work.cancel()
 
@@ -112,6 +116,13 @@ class AttemptSettler:
             with contextlib.suppress(asyncio.CancelledError):
                 await renewal
         faults.hit("after_final_before_finish")
+        if attempt.settled_until_ms:
+            # Finished already, in the final answer's transaction.
+            runner_metrics.attempt_ended("done")
+            log.debug("settled %s epoch %d with its answer", lease.session_id, lease.epoch)
+            self._intake.sticky.keep(lease, attempt.settled_until_ms)
+            attempt.status(IDLE)
+            return False
         sticky_ms = self._intake.sticky_window()
         with tracing.span("keel.finish", attempt.trace_attributes):
             # The answer is committed: a kernel away for a moment must not

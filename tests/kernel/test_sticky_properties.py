@@ -2,7 +2,9 @@
 real store (both backends, a controllable clock).
 
 Runtime A answered input 1 under epoch 1. Then six things happen, each
-once, in every one of their 720 orders: A finishes asking for a window; the
+once, in every one of their 720 orders: A finishes asking for a window (by
+a Finish, or on PostgreSQL by the ledger's append of its answer, as a
+runner's turn is settled there, with a Finish when the ledger could not); the
 window's time passes; input 2 arrives; A's LeaseStream ends (no wake can
 reach it); runtime B claims whatever is claimable and answers it; A runs a
 wake it was given, or the lease held on for it when input 2 came before
@@ -29,12 +31,17 @@ import pytest
 from kernel.domain import Lease, LeaseState
 from kernel.errors import EpochSuperseded, LeaseLost
 from services.common.config import Settings
+from services.common.turn_settlement import FUNCTION
 from tests.support.kernel_stores import Stores, open_stores
 
 TTL = 1_000
 STICKY_MS = 500
 EVENTS = ("finish", "window_passes", "input", "stream_ends", "b_claims", "a_runs")
 A, B = "A", "B"
+SETTLE = (
+    f"SELECT settled_session, settled_until_ms FROM {FUNCTION}("
+    "%s::text[], %s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::bigint)"
+)
 
 
 @dataclass
@@ -48,6 +55,10 @@ class Race:
     leases: list[Lease] = field(default_factory=list)
     ended: set[int] = field(default_factory=set)
     kept: tuple[int, int] | None = None  # (epoch, until)
+    # A's successful turns are settled as a runner's are on PostgreSQL: by
+    # the ledger's append of the answer where it can, else by a Finish.
+    by_ledger: bool = False
+    settled_by_the_ledger: int = 0
 
     @property
     def session(self) -> str:
@@ -86,6 +97,8 @@ class Race:
         read_through = read_through or self.inputs
         for seq in range(1, read_through + 1):
             self.answers.setdefault(seq, lease.epoch)
+        if sticky and self.by_ledger and self.settled_by_ledger(lease, read_through):
+            return
         result = self.stores.leases.finish(
             self.session,
             lease.epoch,
@@ -109,6 +122,32 @@ class Race:
             self.kept = (lease.epoch, result.sticky_until_ms)
         else:
             assert record.queued == (record.input_seq > read_through), "an input dropped"
+
+    def settled_by_ledger(self, lease: Lease, read_through: int) -> bool:
+        """The settlement the answer's append carries (kernel/turn_settlement.py);
+        False when it left the turn to a Finish."""
+        rows = self.stores.database.run(
+            lambda tx: tx.rows(
+                SETTLE,
+                (
+                    [self.session],
+                    [lease.epoch],
+                    [lease.runtime_id],
+                    [read_through],
+                    [STICKY_MS],
+                    self.stores.clock.now,
+                ),
+            )
+        )
+        if not rows:
+            return False
+        record = self.stores.leases.record(self.session)
+        assert record is not None and record.state is LeaseState.STICKY
+        assert record.input_seq <= read_through, "kept with a newer input owed"
+        self.ended.add(lease.epoch)
+        self.kept = (lease.epoch, int(rows[0][1]))
+        self.settled_by_the_ledger += 1
+        return True
 
     # -- the events --
 
@@ -176,10 +215,19 @@ class Race:
 
 
 def test_an_input_racing_a_sticky_window_is_answered_exactly_once(settings: Settings) -> None:
+    _every_order(settings, by_ledger=False)
+
+
+def test_so_it_is_when_the_ledger_settles_the_answers(pg_settings: Settings) -> None:
+    _every_order(pg_settings, by_ledger=True)
+
+
+def _every_order(settings: Settings, by_ledger: bool) -> None:
     stores = open_stores(settings, lease_ms=TTL)
+    settled_by_the_ledger = 0
     try:
         for number, order in enumerate(itertools.permutations(EVENTS)):
-            race = Race(stores, f"o{number:03d}")
+            race = Race(stores, f"o{number:03d}", by_ledger=by_ledger)
             stores.register(race.runtime(A), race.runtime(B))
             stores.tenants.create_tenant(race.tenant, "")
             stores.leases.enqueue(race.session, race.tenant, 1, False)
@@ -193,8 +241,11 @@ def test_an_input_racing_a_sticky_window_is_answered_exactly_once(settings: Sett
             in_use, _ = stores.leases.slots(race.tenant)
             assert in_use == stores.leases.held_count(race.tenant), order
             race.stale_holder_refused()
+            settled_by_the_ledger += race.settled_by_the_ledger
             # Nothing of this order is left for the next one to claim.
             stores.clock.advance(TTL + STICKY_MS + 1)
             stores.leases.sweep()
     finally:
         stores.database.close()
+    # Both ways were taken: the ledger settled some turns, Finish the rest.
+    assert (settled_by_the_ledger > 0) == by_ledger, settled_by_the_ledger
