@@ -3,11 +3,11 @@
 After an answered turn the runner asks the kernel to keep the session for
 `KEEL_STICKY_MS`: with the final answer's append, which settles the lease
 in the same transaction where the ledger shares the kernel's PostgreSQL
-(kernel/turn_settlement.py), else with its Finish. While the window lasts the session's next input comes
-here as a wake over the LeaseStream, with the same epoch: no claim, no
-`epoch_started`, no Read of facts this runner already has (the fact cache
-keeps them). The kernel holds the truth about the window; what is kept here
-is what the runner does meanwhile:
+(kernel/turn_settlement.py), else with its Finish. While the window lasts
+the session's next input comes here as a wake over the LeaseStream, with
+the same epoch: no claim, no `epoch_started`, no Read of facts this runner
+already has (the fact cache keeps them). The kernel holds the truth about
+the window; what is kept here is what the runner does meanwhile:
 
 - the session's partial hub stays open, so an edge watching its attempt
   keeps watching and sees the next turn's deltas on the same watch;
