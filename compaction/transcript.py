@@ -19,6 +19,11 @@ them.
 A cancelled exchange is out of the context whole: the inputs the cancel
 settled, every answer and tool result since the last completed answer, and
 the settling answer itself.
+
+Inputs a parked session failed on and a person skipped stay in the context,
+each skip followed by a short note in the assistant's voice saying they
+were skipped and why (`skip_note`): the model sees what was asked, and that
+it was not answered, without being asked it again.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from services.ledger.facts import (
     COMPACTION,
     EPOCH_STARTED,
     INPUT,
+    INPUTS_SKIPPED,
     TOOL_RESULT,
     CommittedFact,
 )
@@ -57,6 +63,8 @@ def fold_facts(facts: Iterable[CommittedFact]) -> Fold:
     for fact in facts:
         if fact.kind == ASSISTANT:
             fold.consumed.update(fact.data.get("inputSeqs") or ())
+        elif fact.kind == INPUTS_SKIPPED:
+            fold.consumed.update(fact.data["inputSeqs"])
         elif fact.kind == TOOL_RESULT:
             fold.results[fact.data["toolCallId"]] = fact.seq
     return fold
@@ -68,9 +76,17 @@ def context_head(facts: Sequence[CommittedFact], watermark: int) -> int:
     for fact in facts:
         if fact.kind == INPUT and fact.seq > watermark:
             continue
-        if fact.kind in (INPUT, ASSISTANT, TOOL_RESULT, COMPACTION):
+        if fact.kind in (INPUT, ASSISTANT, TOOL_RESULT, COMPACTION, INPUTS_SKIPPED):
             head = fact.seq
     return head
+
+
+def skip_note(data: Mapping[str, Any]) -> str:
+    """What the model is told of inputs it was not made to answer again."""
+    count = len(data.get("inputSeqs") or ())
+    which = "this message was" if count == 1 else f"these {count} messages were"
+    on = "it" if count == 1 else "them"
+    return f"({which} skipped after the model failed on {on}: {data.get('reason', '')})"
 
 
 def _call_arguments(call: Mapping[str, Any]) -> Any:
@@ -208,6 +224,8 @@ def placed_context(facts: Sequence[CommittedFact], watermark: int | None = None)
     # Calls whose result is committed later: nothing may come between.
     waiting: set[str] = set()
     epoch_watermark = 0
+    # A skip's note follows the last input it skipped, once that is placed.
+    notes = {max(fact.data["inputSeqs"]): fact for fact in facts if fact.kind == INPUTS_SKIPPED}
 
     def place(entry: Placed) -> None:
         position_of_seq[entry.fact.seq] = len(entries)
@@ -215,7 +233,11 @@ def placed_context(facts: Sequence[CommittedFact], watermark: int | None = None)
 
     def place_inputs_up_to(limit: int | None) -> None:
         while unplaced and (limit is None or unplaced[0].fact.seq <= limit):
-            place(unplaced.popleft())
+            placed = unplaced.popleft()
+            place(placed)
+            note = notes.get(placed.fact.seq)
+            if note is not None:
+                place(Placed(note))
 
     for fact in facts:
         if fact.seq in dropped:
@@ -269,6 +291,8 @@ def entry_of(placed: Placed, blob_parts: BlobParts | None = None) -> dict[str, A
         message = _user_message(fact.data, blob_parts)
     elif fact.kind == ASSISTANT:
         message = _assistant_message(fact.data)
+    elif fact.kind == INPUTS_SKIPPED:
+        message = {"role": "assistant", "content": [{"type": "text", "text": skip_note(fact.data)}]}
     else:
         message = _tool_result_message(fact.data, placed.tool_name, blob_parts)
     return {"type": "message", "message": message, "seq": fact.seq}

@@ -9,6 +9,7 @@ with the right 4xx; a 500 is a bug::
      │    └── SessionNotVisible  (ErrorInfo reason SESSION_NOT_FOUND)
      ├── MethodNotAllowed    405  method_not_allowed
      ├── Conflict            409  conflict  (request id reuse, wrong blob offset)
+     │    └── NotParked      409  not_parked  (a skip of a session that is not parked)
      ├── PreconditionFailed  412  precondition_failed  (If-Match: another revision)
      ├── RequestTimeout      408  request_timeout  (a body that stalled)
      ├── PayloadTooLarge     413  payload_too_large
@@ -129,6 +130,14 @@ class Conflict(EdgeError):
     code = "conflict"
     grpc_code = grpc.StatusCode.ALREADY_EXISTS
     reason = "CONFLICT"
+
+
+class NotParked(Conflict):
+    """A skip asked of a session that is not parked on a failed input."""
+
+    code = "not_parked"
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "SESSION_NOT_PARKED"
 
 
 class PreconditionFailed(EdgeError):

@@ -75,9 +75,12 @@ class SessionInfo:
     owed_input_seqs: tuple[int, ...]
     latest_compaction_seq: int
     pending_approvals: tuple[PendingApproval, ...] = ()
+    # Parked: the inputs the session failed on (what a skip settles) and why.
+    parked_on: tuple[int, ...] = ()
+    parked_reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        info: dict[str, Any] = {
             "id": self.session_id,
             "headSeq": self.head_seq,
             "status": self.status,
@@ -85,6 +88,10 @@ class SessionInfo:
             "latestCompactionSeq": self.latest_compaction_seq,
             "pendingApprovals": [p.to_json() for p in self.pending_approvals],
         }
+        if self.status == PARKED:
+            info["parkedOn"] = list(self.parked_on)
+            info["parkedReason"] = self.parked_reason
+        return info
 
 
 @dataclass(frozen=True)
@@ -193,6 +200,8 @@ class Gateway:
             owed_input_seqs=tuple(view.owed_input_seqs),
             latest_compaction_seq=view.latest_compaction_seq,
             pending_approvals=pending,
+            parked_on=view.parked_on,
+            parked_reason=view.parked_reason,
         )
 
     async def check_cursor(self, caller: Caller, session_id: str, after: int) -> SessionView:

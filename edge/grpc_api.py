@@ -111,6 +111,8 @@ def _session_pb(info: SessionInfo) -> pb.GetSessionResponse:
         status=info.status,
         owed_input_seqs=info.owed_input_seqs,
         latest_compaction_seq=info.latest_compaction_seq,
+        parked_on=info.parked_on,
+        parked_reason=info.parked_reason,
         pending_approvals=[
             pb.PendingApproval(
                 tool_call_id=p.tool_call_id,
@@ -224,6 +226,14 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             body["requestId"] = request.request_id
         committed = await inputs.retry(self._gateway, caller, session_id, body)
         return pb.RetryResponse(**_committed(committed))
+
+    @_unary
+    async def SkipInputs(
+        self, request: pb.SkipInputsRequest, context: Any
+    ) -> pb.SkipInputsResponse:
+        caller, session_id = await self._session(context, request.session_id)
+        skipped = await inputs.skip(self._gateway, caller, session_id)
+        return pb.SkipInputsResponse(seq=skipped.seq, skipped_input_seqs=skipped.input_seqs)
 
     @_unary
     async def Cancel(self, request: pb.CancelRequest, context: Any) -> pb.CancelResponse:

@@ -20,13 +20,14 @@ from typing import Any
 from edge import bodies
 from edge.auth import Caller
 from edge.bodies import InputBody, RetryBody
-from edge.errors import BadRequest, Unavailable, shown
+from edge.errors import BadRequest, NotParked, Unavailable, shown
 from edge.gateway import Gateway
 from services.blobs import is_blob_id
 from services.common import tracing
 from services.common.errors import KeelError
 from services.common.outage_log import OutageLog
-from services.ledger.facts import INPUT
+from services.ledger.errors import InvalidFact
+from services.ledger.facts import INPUT, INPUTS_SKIPPED
 from services.ledger.packed_facts import pack_input
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,10 @@ async def commit_input(
     data: dict[str, Any] = {"text": body.text, "requestId": request_id}
     if body.blobs is not None:
         data["blobs"] = await _complete_blobs(gateway, caller, body.blobs)
-    return await _append_input(gateway, caller, session_id, data, retry_safe)
+    # A parked session stays parked: the input is owed, and it is not
+    # batched with the inputs the session failed on (a skip, a retry or a
+    # cancel is the way on).
+    return await _append_input(gateway, caller, session_id, data, retry_safe, unpark=False)
 
 
 async def _complete_blobs(gateway: Gateway, caller: Caller, blobs: list[str]) -> list[str]:
@@ -134,11 +138,18 @@ async def retry(
     data: dict[str, Any] = {"text": original["text"], "requestId": request_id, "retryOf": seq}
     if original.get("blobs"):
         data["blobs"] = list(original["blobs"])
-    return await _append_input(gateway, caller, session_id, data, retry_safe)
+    # Asking again is the way out of a park: the session runs again.
+    return await _append_input(gateway, caller, session_id, data, retry_safe, unpark=True)
 
 
 async def _append_input(
-    gateway: Gateway, caller: Caller, session_id: str, data: dict[str, Any], retry_safe: bool
+    gateway: Gateway,
+    caller: Caller,
+    session_id: str,
+    data: dict[str, Any],
+    retry_safe: bool,
+    *,
+    unpark: bool,
 ) -> Committed:
     # Everything is validated before this append (the edge's ids are a
     # subset of what the ledger and the kernel accept): once it commits, the
@@ -159,13 +170,13 @@ async def _append_input(
         # A duplicate still enqueues: the first attempt to wake may be the
         # one that was lost, and a spare wake-up is harmless.
         await gateway.kernel.enqueue(
-            session_id, caller.tenant_id, appended.seq, unpark=True, facts=facts
+            session_id, caller.tenant_id, appended.seq, unpark=unpark, facts=facts
         )
     except KeelError as error:
         # Said once per outage, not once per input (services.common.outage_log).
         WAKE_UPS.failed(f"input {appended.seq} of {session_id} committed, not woken: {error}")
-        # Committed, but a parked session stays parked until woken: sending
-        # the same requestId again is a duplicate that wakes it.
+        # Committed, but the kernel has not heard of it: sending the same
+        # requestId again is a duplicate that wakes it.
         unwoken = Unavailable(
             f"the input is committed as seq {appended.seq} but the session could not be "
             f"woken; send it again with requestId {request_id!r} to wake it",
@@ -193,3 +204,35 @@ async def cancel(gateway: Gateway, caller: Caller, session_id: str) -> int | Non
     appended = await gateway.ledger.append_one(session_id, "cancelled", {"reason": "client"})
     await gateway.kernel.enqueue(session_id, caller.tenant_id)
     return appended.seq
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """What a skip settled: its fact's seq and the inputs it names."""
+
+    seq: int
+    input_seqs: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "skipped": list(self.input_seqs)}
+
+
+async def skip(gateway: Gateway, caller: Caller, session_id: str) -> Skipped:
+    """Settles the inputs a parked session failed on, and only those, with
+    an `inputs_skipped` fact (the model sees a note that says why), then
+    wakes the session for the inputs still owed. A session that is not
+    parked on named inputs has nothing to skip (NotParked)."""
+    view = await gateway.session(caller, session_id)
+    if not view.parked or not view.parked_on:
+        raise NotParked(
+            "the session is not parked on a failed input: there is nothing to skip",
+        )
+    data = {"inputSeqs": list(view.parked_on), "reason": view.parked_reason}
+    try:
+        appended = await gateway.ledger.append_one(session_id, INPUTS_SKIPPED, data)
+    except InvalidFact:
+        # Another skip or cancel settled them first.
+        raise NotParked("the inputs the session was parked on are settled already") from None
+    latest_input = max(view.owed_input_seqs, default=0)
+    await gateway.kernel.enqueue(session_id, caller.tenant_id, latest_input, unpark=True)
+    return Skipped(appended.seq, view.parked_on)

@@ -164,6 +164,13 @@ _SCHEMAS: dict[str, Schema] = {
             "owedInputs": {"type": "array", "items": _SEQ},
             "latestCompactionSeq": _COUNT,
             "pendingApprovals": {"type": "array", "items": _ref("PendingApproval")},
+            "parkedOn": {
+                "type": "array",
+                "items": _SEQ,
+                "description": "when parked: the inputs the session failed on (what a skip "
+                "settles); inputs sent since are owed and not batched with them",
+            },
+            "parkedReason": {"type": "string", "description": "when parked: why"},
         },
     ),
     "PendingApproval": _object(
@@ -222,6 +229,13 @@ _SCHEMAS: dict[str, Schema] = {
     ),
     "Cancelled": _object(["seq", "cancelled"], {"seq": _SEQ, "cancelled": {"const": True}}),
     "NothingToCancel": _object(["cancelled"], {"cancelled": {"const": False}}),
+    "Skipped": _object(
+        ["seq", "skipped"],
+        {
+            "seq": {"allOf": [_SEQ], "description": "the inputs_skipped fact"},
+            "skipped": {"type": "array", "items": _SEQ, "description": "the inputs it settled"},
+        },
+    ),
     "Fact": _object(
         ["seq", "kind", "timestamp", "epoch", "data"],
         {
@@ -589,6 +603,23 @@ _PATHS: dict[str, Schema] = {
             "responses": {
                 "202": _json(_ref("Cancelled"), "A cancel was committed"),
                 "200": _json(_ref("NothingToCancel"), "Nothing to cancel"),
+                **_BAD,
+                **_NO_SESSION,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/sessions/{id}/skip": {
+        "parameters": [_SESSION_ID],
+        "post": {
+            "operationId": "skipFailedInputs",
+            "summary": "Settle the inputs a parked session failed on",
+            "description": "Only those: the model is shown each skipped input followed by "
+            "a note that it was skipped and why, and the inputs sent after them are "
+            "answered. Retry asks a failed input again instead.",
+            "responses": {
+                "202": _json(_ref("Skipped"), "Skipped; the session runs again"),
+                "409": _error("The session is not parked on a failed input (not_parked)"),
                 **_BAD,
                 **_NO_SESSION,
                 **_AUTHENTICATED,

@@ -43,6 +43,7 @@ from keel_client._errors import (
     ServerError,
     SessionExists,
     SessionNotFound,
+    SessionNotParked,
     StreamOutOfOrder,
     Unauthenticated,
     Unavailable,
@@ -62,6 +63,7 @@ from keel_client._types import (
     Session,
     SessionPage,
     SessionSummary,
+    Skip,
     Status,
 )
 
@@ -98,8 +100,10 @@ __all__ = [
     "Session",
     "SessionExists",
     "SessionNotFound",
+    "SessionNotParked",
     "SessionPage",
     "SessionSummary",
+    "Skip",
     "Status",
     "StreamOutOfOrder",
     "SyncIterator",

@@ -23,6 +23,7 @@ from keel_client._types import (
     Session,
     SessionPage,
     SessionSummary,
+    Skip,
 )
 
 Response = TypeVar("Response")
@@ -128,6 +129,15 @@ class AsyncKeelClient:
     async def cancel(self, session_id: str) -> Cancellation:
         response = await self._call(self._stub.Cancel, pb.CancelRequest(session_id=session_id))
         return Cancellation(cancelled=response.cancelled, seq=response.seq)
+
+    async def skip_inputs(self, session_id: str) -> Skip:
+        """Settles the inputs a parked session failed on (`Session.parked_on`),
+        and only those: the model is told they were skipped and why, and the
+        inputs sent after them are answered. `SessionNotParked` when the
+        session is not parked on a failed input."""
+        request = pb.SkipInputsRequest(session_id=session_id)
+        response = await self._call(self._stub.SkipInputs, request)
+        return Skip(seq=response.seq, skipped_input_seqs=tuple(response.skipped_input_seqs))
 
     async def retry(self, session_id: str, seq: int, request_id: str | None = None) -> Input:
         """Asks the input at `seq` again, as a new input (deduplicated like send_input)."""

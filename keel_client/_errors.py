@@ -13,6 +13,7 @@
      │    ├── SessionExists           the session id is taken
      │    ├── RevisionMismatch        put_loadout's expected_revision is stale
      │    ├── ApprovalNotPending      no such tool call waits for a decision
+ │    ├── SessionNotParked        skip_inputs of a session not parked on an input
      │    └── ApprovalAlreadyDecided  decided before: the first decision stands
      │                                (`.metadata` has its `seq` and `approve`)
      ├── PayloadTooLarge
@@ -138,6 +139,10 @@ class RevisionMismatch(Conflict):
 
 class ApprovalNotPending(Conflict):
     reasons = ("APPROVAL_NOT_PENDING",)
+
+
+class SessionNotParked(Conflict):
+    reasons = ("SESSION_NOT_PARKED",)
 
 
 class ApprovalAlreadyDecided(Conflict):

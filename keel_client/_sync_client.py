@@ -36,6 +36,7 @@ from keel_client._types import (
     Session,
     SessionPage,
     SessionSummary,
+    Skip,
 )
 
 T = TypeVar("T")
@@ -190,6 +191,9 @@ class KeelClient(_ClosedOnExit):
 
     def cancel(self, session_id: str) -> Cancellation:
         return self._loop.run(self._client.cancel(session_id))
+
+    def skip_inputs(self, session_id: str) -> Skip:
+        return self._loop.run(self._client.skip_inputs(session_id))
 
     def retry(self, session_id: str, seq: int, request_id: str | None = None) -> Input:
         return self._loop.run(self._client.retry(session_id, seq, request_id))

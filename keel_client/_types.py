@@ -51,6 +51,10 @@ class Session:
     owed_input_seqs: tuple[int, ...]
     latest_compaction_seq: int
     pending_approvals: tuple[PendingApproval, ...] = ()
+    # When parked: the inputs it failed on (what skip_inputs settles; inputs
+    # sent since are owed, not batched with them), and why.
+    parked_on: tuple[int, ...] = ()
+    parked_reason: str = ""
 
     @classmethod
     def from_pb(cls, message: pb.GetSessionResponse) -> Session:
@@ -61,6 +65,8 @@ class Session:
             owed_input_seqs=tuple(message.owed_input_seqs),
             latest_compaction_seq=message.latest_compaction_seq,
             pending_approvals=tuple(PendingApproval.from_pb(p) for p in message.pending_approvals),
+            parked_on=tuple(message.parked_on),
+            parked_reason=message.parked_reason,
         )
 
 
@@ -122,6 +128,14 @@ class Cancellation:
     cancelled: bool
     # The cancel fact's seq (0 when nothing was committed).
     seq: int
+
+
+@dataclass(frozen=True)
+class Skip:
+    """What skip_inputs settled: its fact's seq and the inputs it names."""
+
+    seq: int
+    skipped_input_seqs: tuple[int, ...]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,10 @@ ledger must show:
 - `seq_gap`: seqs 1, 2, 3, … with no gap and no repeat;
 - `duplicate_answer`: no input consumed by two answers (an input is answered
   by the final assistant fact listing it in `inputSeqs`);
-- `unanswered_input`: once the session has settled, every input answered;
+- `unanswered_input`: once the session has settled, every input answered
+  or skipped (`inputs_skipped`: a parked session's failed inputs, settled
+  at a person's request);
+- `skipped_answered`: no skipped input also answered, before or after;
 - `unknown_input`: no answer consuming a seq that is not an input;
 - `duplicate_tool_result` / `missing_tool_result` / `orphan_tool_result`:
   exactly one result per tool call id (a missing one only once settled);
@@ -32,6 +35,7 @@ SEQ_GAP: Final = "seq_gap"
 DUPLICATE_ANSWER: Final = "duplicate_answer"
 UNANSWERED_INPUT: Final = "unanswered_input"
 UNKNOWN_INPUT: Final = "unknown_input"
+SKIPPED_ANSWERED: Final = "skipped_answered"
 DUPLICATE_TOOL_RESULT: Final = "duplicate_tool_result"
 MISSING_TOOL_RESULT: Final = "missing_tool_result"
 ORPHAN_TOOL_RESULT: Final = "orphan_tool_result"
@@ -43,6 +47,7 @@ RULES: Final = (
     DUPLICATE_ANSWER,
     UNANSWERED_INPUT,
     UNKNOWN_INPUT,
+    SKIPPED_ANSWERED,
     DUPLICATE_TOOL_RESULT,
     MISSING_TOOL_RESULT,
     ORPHAN_TOOL_RESULT,
@@ -50,7 +55,7 @@ RULES: Final = (
     EPOCH_NOT_NEWER,
 )
 # Rules that count as a doubled outcome (what a duplicate count reports).
-DUPLICATE_RULES: Final = frozenset({DUPLICATE_ANSWER, DUPLICATE_TOOL_RESULT})
+DUPLICATE_RULES: Final = frozenset({DUPLICATE_ANSWER, SKIPPED_ANSWERED, DUPLICATE_TOOL_RESULT})
 
 Fact = Mapping[str, Any]
 
@@ -99,11 +104,29 @@ def _seqs(session: str, facts: Sequence[Fact], settled: bool) -> list[Violation]
 def _answers(session: str, facts: Sequence[Fact], settled: bool) -> list[Violation]:
     found = []
     inputs = {int(f["seq"]) for f in facts if f["kind"] == "input"}
+    skipped_by = {
+        int(input_seq): int(f["seq"])
+        for f in facts
+        if f["kind"] == "inputs_skipped"
+        for input_seq in _data(f).get("inputSeqs") or ()
+    }
     answered_by: dict[int, int] = {}
     for fact in facts:
         if fact["kind"] != "assistant":
             continue
         seq = int(fact["seq"])
+        for input_seq in _data(fact).get("inputSeqs") or ():
+            if input_seq in skipped_by:
+                # Named where the second of the two settlements stands.
+                found.append(
+                    Violation(
+                        session,
+                        max(seq, skipped_by[input_seq]),
+                        SKIPPED_ANSWERED,
+                        f"input {input_seq} answered by seq {seq} and skipped by seq "
+                        f"{skipped_by[input_seq]}",
+                    )
+                )
         for input_seq in _data(fact).get("inputSeqs") or ():
             if input_seq not in inputs:
                 found.append(
@@ -123,7 +146,7 @@ def _answers(session: str, facts: Sequence[Fact], settled: bool) -> list[Violati
     if settled:
         found.extend(
             Violation(session, seq, UNANSWERED_INPUT, f"input {seq} was never answered")
-            for seq in sorted(inputs - answered_by.keys())
+            for seq in sorted(inputs - answered_by.keys() - skipped_by.keys())
         )
     return found
 

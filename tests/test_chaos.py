@@ -17,12 +17,14 @@ from services.cli.chaos import keel_runner_pid
 from services.cli.chaos_report import ChaosReport, RoundResult, render
 from services.session_invariants import (
     DUPLICATE_ANSWER,
+    DUPLICATE_RULES,
     DUPLICATE_TOOL_RESULT,
     EPOCH_NOT_NEWER,
     MISSING_TOOL_RESULT,
     ORPHAN_TOOL_RESULT,
     RULES,
     SEQ_GAP,
+    SKIPPED_ANSWERED,
     STALE_EPOCH,
     UNANSWERED_INPUT,
     UNKNOWN_INPUT,
@@ -70,6 +72,8 @@ BROKEN: dict[str, Callable[[Facts], Facts]] = {
     # A write of the owner of epoch 2 after epoch 3 raised the fence.
     STALE_EPOCH: lambda f: [*f, fact(11, "compaction", 2, summary="late")],
     EPOCH_NOT_NEWER: lambda f: [*f, started(11, 3)],
+    # Input 2 was answered at seq 7, then skipped as if it had parked.
+    SKIPPED_ANSWERED: lambda f: [*f, fact(11, "inputs_skipped", inputSeqs=[2], reason="x")],
 }
 
 
@@ -78,7 +82,18 @@ def test_each_rule_is_caught_and_named_with_its_session_and_seq(rule: str) -> No
     found = check_session("s-9", BROKEN[rule](healthy_session()))
     assert [(v.session, v.rule) for v in found] == [("s-9", rule)], found
     assert found[0].seq in (11, 12) and found[0].detail
-    assert duplicates(found) == (1 if rule in (DUPLICATE_ANSWER, DUPLICATE_TOOL_RESULT) else 0)
+    assert duplicates(found) == (1 if rule in DUPLICATE_RULES else 0)
+
+
+def test_a_skipped_input_is_settled_without_an_answer() -> None:
+    """The last input (seq 8) failed and parked the session; a skip settles it."""
+    facts = [
+        *healthy_session()[:8],
+        fact(9, "session_parked", 2, reason="failed", inputSeqs=[8]),
+        fact(10, "inputs_skipped", inputSeqs=[8], reason="failed"),
+    ]
+    assert check_session("s", facts) == []
+    assert [v.rule for v in check_session("s", facts[:-1])] == [UNANSWERED_INPUT]
 
 
 @pytest.mark.parametrize("rule", [UNANSWERED_INPUT, MISSING_TOOL_RESULT])

@@ -77,6 +77,11 @@ async def cancel(request: Request, caller: Caller) -> Response:
     return JSONResponse({"seq": seq, "cancelled": True}, status_code=202)
 
 
+async def skip(request: Request, caller: Caller) -> Response:
+    skipped = await inputs.skip(gateway_of(request), caller, session_id(request, caller))
+    return JSONResponse(skipped.to_json(), status_code=202)
+
+
 async def events(request: Request, caller: Caller) -> Response:
     gateway = gateway_of(request)
     ledger_id = session_id(request, caller)
@@ -128,6 +133,7 @@ routes: list[Route] = [
     api_route("/v1/sessions/{id}/inputs", post_input, ["POST"]),
     api_route("/v1/sessions/{id}/retry", retry_input, ["POST"]),
     api_route("/v1/sessions/{id}/cancel", cancel, ["POST"]),
+    api_route("/v1/sessions/{id}/skip", skip, ["POST"]),
     # EventSource cannot send headers: the one route taking ?access_token=.
     api_route(
         "/v1/sessions/{id}/events",

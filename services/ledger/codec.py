@@ -87,6 +87,8 @@ def view_to_pb(view: SessionView) -> pb.GetSessionResponse:
         parked=view.parked,
         latest_cancel_seq=view.latest_cancel_seq,
         context_head_seq=view.context_head_seq,
+        parked_on=list(view.parked_on),
+        parked_reason=view.parked_reason,
     )
 
 
@@ -105,6 +107,8 @@ def view_from_pb(message: pb.GetSessionResponse) -> SessionView:
         parked=message.parked,
         latest_cancel_seq=message.latest_cancel_seq,
         context_head_seq=message.context_head_seq,
+        parked_on=tuple(message.parked_on),
+        parked_reason=message.parked_reason,
     )
 
 

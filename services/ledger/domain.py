@@ -78,10 +78,16 @@ class SessionStream(BaseAggregate[str]):
         self.latest_cancel_seq = 0
         self.context_head_seq = 0
         self.last_input_seq = 0
-        # The latest fact that wakes a session as an input does (an input,
-        # or a decision on a waiting tool call).
-        self.last_wake_seq = 0
+        # The latest fact after which a parked session is parked no more: a
+        # person's way out (a retry, a skip, a decision on a waiting tool
+        # call), or an attempt that ran (a history written when any new
+        # input unparked a session). A plain input leaves it parked: it is
+        # owed, and never batched with the inputs the session failed on.
+        self.last_unpark_seq = 0
         self.parked_at = 0
+        # The latest park's failed inputs and reason.
+        self.parked_on: tuple[int, ...] = ()
+        self.parked_reason = ""
         # Dedup indexes: request id -> (seq, body fingerprint), etc.
         self.requests: dict[str, tuple[int, str]] = {}
         self.generations: dict[str, int] = {}
@@ -104,10 +110,12 @@ class SessionStream(BaseAggregate[str]):
             self.requests[data["requestId"]] = (seq, F.input_fingerprint(data))
             self.owed_inputs[seq] = None
             self.last_input_seq = seq
-            self.last_wake_seq = seq
+            if data.get("retryOf") is not None:
+                self.last_unpark_seq = seq
         elif kind == F.EPOCH_STARTED:
             self.fence_epoch = int(data["epoch"])
             self.read_watermark = int(data["watermark"])
+            self.last_unpark_seq = seq
         elif kind == F.ASSISTANT:
             self.generations[data["generationId"]] = seq
             for call in data.get("toolCalls") or ():
@@ -123,13 +131,19 @@ class SessionStream(BaseAggregate[str]):
         elif kind == F.APPROVAL:
             self.decisions[data["toolCallId"]] = seq
             self.approved[data["toolCallId"]] = bool(data["approve"])
-            self.last_wake_seq = seq
+            self.last_unpark_seq = seq
         elif kind == F.COMPACTION:
             self.latest_compaction_seq = seq
         elif kind == F.CANCELLED:
             self.latest_cancel_seq = seq
         elif kind == F.SESSION_PARKED:
             self.parked_at = seq
+            self.parked_on = tuple(data.get("inputSeqs") or ())
+            self.parked_reason = str(data["reason"])
+        elif kind == F.INPUTS_SKIPPED:
+            for input_seq in data["inputSeqs"]:
+                self.owed_inputs.pop(input_seq, None)
+            self.last_unpark_seq = seq
 
     # -- deciding --
 
@@ -214,6 +228,13 @@ class SessionStream(BaseAggregate[str]):
                 return Appended(existing, True)
         elif fact.kind == F.APPROVAL:
             self._check_decision(data["toolCallId"])
+        elif fact.kind == F.INPUTS_SKIPPED:
+            for seq in data["inputSeqs"]:
+                if seq not in self.owed_inputs:
+                    raise InvalidFact(
+                        f"inputs_skipped names {seq}, which is not an owed input",
+                        field="inputSeqs",
+                    )
         self.trigger_event(self.Recorded, kind=fact.kind, data=dict(data), epoch=epoch)
         return Appended(self.version, False)
 
@@ -246,6 +267,10 @@ class SessionStream(BaseAggregate[str]):
     def _input_seqs(self) -> set[int]:
         return {seq for seq, _ in self.requests.values()}
 
+    @property
+    def parked(self) -> bool:
+        return self.parked_at > self.last_unpark_seq
+
     def view(self) -> SessionView:
         return SessionView(
             session_id=str(self.id),
@@ -256,8 +281,9 @@ class SessionStream(BaseAggregate[str]):
             open_tool_calls=tuple(self.tool_calls[c] for c in self.open_calls),
             latest_compaction_seq=self.latest_compaction_seq,
             read_watermark=self.read_watermark,
-            # A decision wakes a parked session as an input does.
-            parked=self.parked_at > self.last_wake_seq,
+            parked=self.parked,
+            parked_on=self.parked_on if self.parked else (),
+            parked_reason=self.parked_reason if self.parked else "",
             latest_cancel_seq=self.latest_cancel_seq,
             context_head_seq=self.context_head_seq,
             waiting_tool_call_ids=tuple(

@@ -143,6 +143,19 @@ class CancelledData(FactData, frozen=True):
 
 class SessionParkedData(FactData, frozen=True):
     reason: str
+    # The inputs the failing attempt was answering (absent in older facts).
+    input_seqs: list[PositiveInt] | None = None
+
+
+class InputsSkippedData(FactData, frozen=True):
+    # Inputs the session was parked on; each must still be owed.
+    input_seqs: list[PositiveInt]
+    # Why they failed, as the model is told.
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not self.input_seqs:
+            raise InvalidFact("inputs_skipped.inputSeqs names no input", field="inputSeqs")
 
 
 class CompactionFailedData(FactData, frozen=True):
@@ -161,6 +174,7 @@ SCHEMAS: Final[dict[str, type[FactData]]] = {
     "compaction_failed": CompactionFailedData,
     "approval_requested": ApprovalRequestedData,
     "approval": ApprovalData,
+    "inputs_skipped": InputsSkippedData,
 }
 
 # msgspec's messages: "<problem>" or "<problem> - at `$.a.b[0]`".

@@ -34,6 +34,9 @@ COMPACTION_FAILED: Final = "compaction_failed"
 # A tool call that waits for a person's decision, and that decision.
 APPROVAL_REQUESTED: Final = "approval_requested"
 APPROVAL: Final = "approval"
+# The inputs a parked session failed on, settled without an answer at a
+# person's request (POST …/skip): the model sees a short note instead.
+INPUTS_SKIPPED: Final = "inputs_skipped"
 # Every kind above: the type of a kind a writer names.
 FactKind: TypeAlias = Literal[
     "session_created",
@@ -48,10 +51,11 @@ FactKind: TypeAlias = Literal[
     "compaction_failed",
     "approval_requested",
     "approval",
+    "inputs_skipped",
 ]
 
 # Clients (through the edge) write these without an epoch, at any time.
-CLIENT_KINDS: Final = frozenset({INPUT, CANCELLED, APPROVAL})
+CLIENT_KINDS: Final = frozenset({INPUT, CANCELLED, APPROVAL, INPUTS_SKIPPED})
 # Only the owner of the current epoch writes these.
 RUNNER_KINDS: Final = frozenset(
     {
@@ -68,7 +72,7 @@ RUNNER_KINDS: Final = frozenset(
 APPENDABLE_KINDS: Final = CLIENT_KINDS | RUNNER_KINDS
 # Facts a model request is built from. The generation id derives from the
 # latest of these, so bookkeeping (watermarks, failures) never changes it.
-CONTEXT_KINDS: Final = frozenset({INPUT, ASSISTANT, TOOL_RESULT, COMPACTION})
+CONTEXT_KINDS: Final = frozenset({INPUT, ASSISTANT, TOOL_RESULT, COMPACTION, INPUTS_SKIPPED})
 
 MAX_READ_LIMIT: Final = 1000
 DEFAULT_READ_LIMIT: Final = 500

@@ -56,6 +56,10 @@ class SessionView:
     # view read through the client has none, and `owes_work` there counts
     # them as owed (the ListSessions summary's `owes_work` is exact).
     waiting_tool_call_ids: tuple[str, ...] = ()
+    # While parked: the inputs the session failed on (those a skip settles;
+    # none named by a park older than this field) and why.
+    parked_on: tuple[int, ...] = ()
+    parked_reason: str = ""
 
     @property
     def owes_work(self) -> bool:

@@ -25,6 +25,7 @@ from services.common import faults, tracing
 from services.common.errors import ServiceUnavailable
 from services.ledger.facts import ATTEMPT_FAILED, CANCELLED, SESSION_PARKED
 from services.runner import metrics as runner_metrics
+from services.runner import transcript as T
 from services.runner.attempt import Attempt, Fenced, HandoffStop, renew_until_lost
 from services.runner.drain import Drainer, cancel_and_wait
 from services.runner.events import IDLE, RUNNING
@@ -198,8 +199,14 @@ class AttemptSettler:
             reason = result.parked_reason or (
                 f"gave up after {lease.failures + 1} failed attempts: {error}"
             )
+            # The inputs it failed on: what a skip settles, and what a new
+            # input is not batched with (services/ledger/domain.py).
+            failed_on = T.owed(attempt.facts, attempt.watermark).input_seqs
+            parked: dict[str, Any] = {"reason": reason}
+            if failed_on:
+                parked["inputSeqs"] = list(failed_on)
             with contextlib.suppress(Fenced):
-                await attempt.commit(SESSION_PARKED, {"reason": reason})
+                await attempt.commit(SESSION_PARKED, parked)
 
 
 @contextlib.contextmanager

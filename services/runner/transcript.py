@@ -37,6 +37,7 @@ from services.ledger.facts import (
     CANCELLED,
     COMPACTION,
     INPUT,
+    INPUTS_SKIPPED,
     TOOL_RESULT,
     CommittedFact,
 )
@@ -199,6 +200,9 @@ def owed(facts: Sequence[CommittedFact], watermark: int) -> Owed:
         elif kind == ASSISTANT:
             consumed.update(fact.data.get("inputSeqs") or ())
             latest_assistant = fact
+            head = fact.seq
+        elif kind == INPUTS_SKIPPED:
+            consumed.update(fact.data["inputSeqs"])
             head = fact.seq
         elif kind == TOOL_RESULT:
             results.add(fact.data["toolCallId"])

@@ -37,8 +37,10 @@ from keel_client import (
     Session,
     SessionExists,
     SessionNotFound,
+    SessionNotParked,
     SessionPage,
     SessionSummary,
+    Skip,
     Status,
     Unauthenticated,
 )
@@ -108,6 +110,19 @@ async def test_each_method_returns_its_typed_result(
     assert cancelled == Cancellation(cancelled=True, seq=cancelled.seq)
     assert cancelled.seq > unnamed.seq
 
+    parked = await keel.create_session("typed-parked")
+    failed = await keel.send_input(parked, "/fail", request_id="typed-fail")
+
+    async def parked_session() -> Session | None:
+        got = await keel.get_session(parked)
+        return got if got.status == "parked" else None
+
+    stuck = await eventually(parked_session, "the session to be parked")
+    assert stuck.parked_on == (failed.seq,) and stuck.parked_reason
+    skipped = await keel.skip_inputs(parked)
+    assert skipped == Skip(seq=skipped.seq, skipped_input_seqs=(failed.seq,))
+    assert skipped.seq > failed.seq
+
     loadout = await keel.get_loadout()
     assert isinstance(loadout, Loadout)
     revision = await keel.put_loadout({"systemPrompt": "Answer briefly."})
@@ -145,6 +160,10 @@ async def test_each_refusal_raises_the_class_of_its_reason(
     with pytest.raises(InvalidArgument) as not_an_input:
         await keel.retry(session, 1, request_id="errors-r3")
     assert not_an_input.value.field == "seq"
+
+    with pytest.raises(SessionNotParked) as not_parked:
+        await keel.skip_inputs(session)
+    assert not_parked.value.reason == "SESSION_NOT_PARKED"
 
     with pytest.raises(SeqOutOfRange) as beyond:
         await keel.get_context(session, at_seq=sent.seq + 1000)

@@ -21,6 +21,7 @@ from services.common.internal_auth import TOKEN_HEADER
 from services.runner.server import RunnerServer
 from tests.support.approvals import require_approval, until_waiting
 from tests.support.edge_stack import Stack
+from tests.support.polling import eventually
 
 DOCUMENT_URI = "urn:keel:edge:openapi"
 ADMIN_ONLY_KEY = "edge-test-admin-only-key-012345"
@@ -198,6 +199,20 @@ async def test_real_responses_conform_to_the_document(stack: Stack, runner: Runn
         await stack.post_input(idle, "/slow 30 a slow answer to cancel", "slow-1")
         check(cancel, await http.post(f"/v1/sessions/{idle}/cancel"))
         check(cancel, await http.post("/v1/sessions/nope/cancel"))
+
+        # -- skip: a session parked by an input the model fails on
+        skip = "/v1/sessions/{id}/skip"
+        parked = await stack.new_session()
+        await stack.post_input(parked, "/fail", "fail-1")
+
+        async def parked_info() -> httpx.Response | None:
+            got = await http.get(f"/v1/sessions/{parked}")
+            return got if got.json()["status"] == "parked" else None
+
+        check(one, await eventually(parked_info, "the session to be parked"))
+        check(skip, await http.post(f"/v1/sessions/{parked}/skip"))  # 202
+        check(skip, await http.post(f"/v1/sessions/{parked}/skip"))  # 409: nothing left
+        check(skip, await http.post("/v1/sessions/nope/skip"))
 
         # -- approvals: a `counter` call waits for one
         await require_approval(kernel)

@@ -226,8 +226,15 @@ SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "compaction": ({"summary": st.text(), "firstKept": positive}, {}),
     "attempt_failed": ({"error": st.text()}, {}),
     "cancelled": ({}, {}),
-    "session_parked": ({"reason": st.text()}, {}),
+    "session_parked": (
+        {"reason": st.text()},
+        {"inputSeqs": st.none() | st.lists(positive, max_size=4)},
+    ),
     "compaction_failed": ({"error": st.text()}, {}),
+    "inputs_skipped": (
+        {"inputSeqs": st.lists(positive, min_size=1, max_size=4), "reason": st.text()},
+        {},
+    ),
 }
 assert set(SHAPES) == F.APPENDABLE_KINDS
 
@@ -257,6 +264,10 @@ WRONG: dict[type, Any] = {
     int: st.none() | st.text(max_size=4) | st.booleans() | st.floats(allow_nan=False),
     bool: st.none() | st.integers() | st.text(max_size=4),
     dict: st.none() | st.integers() | st.text(max_size=4) | st.lists(st.integers(), max_size=2),
+    list: st.none()
+    | st.integers()
+    | st.text(max_size=4)
+    | st.lists(st.text(min_size=1), min_size=1),
 }
 FIELD_TYPES: dict[str, type] = {
     "text": str,
@@ -275,6 +286,7 @@ FIELD_TYPES: dict[str, type] = {
     "firstKept": int,
     "error": str,
     "reason": str,
+    "inputSeqs": list,
 }
 
 

@@ -71,6 +71,8 @@ class SessionState:
     head_seq: int
     status: str
     owed_inputs: tuple[int, ...]
+    parked_on: tuple[int, ...] = ()
+    parked_reason: str = ""
 
 
 class EventStream(Protocol):
@@ -93,6 +95,10 @@ class FrontDoor(Protocol):
         """An open stream of facts after `after` (refusals raise here)."""
 
     async def retry(self, session: str, seq: int, request_id: str | None = None) -> Sent: ...
+    async def skip(self, session: str) -> tuple[int, tuple[int, ...]]:
+        """The skip's seq and the inputs it settled."""
+        ...
+
     async def cancel(self, session: str) -> int | None:
         """The cancel's seq, None when nothing was cancelled."""
 
@@ -202,6 +208,10 @@ class HttpDoor:
         body = (await self._call("POST", f"/v1/sessions/{session}/cancel")).json()
         return body["seq"] if body["cancelled"] else None
 
+    async def skip(self, session: str) -> tuple[int, tuple[int, ...]]:
+        body = (await self._call("POST", f"/v1/sessions/{session}/skip")).json()
+        return body["seq"], tuple(body["skipped"])
+
     async def events(self, session: str, after: int) -> SseStream:
         context = self._http.stream(
             "GET",
@@ -218,7 +228,13 @@ class HttpDoor:
 
     async def get_session(self, session: str) -> SessionState:
         body = (await self._call("GET", f"/v1/sessions/{session}")).json()
-        return SessionState(body["headSeq"], body["status"], tuple(body["owedInputs"]))
+        return SessionState(
+            body["headSeq"],
+            body["status"],
+            tuple(body["owedInputs"]),
+            tuple(body.get("parkedOn", ())),
+            body.get("parkedReason", ""),
+        )
 
     async def get_context(self, session: str, at: int | None = None) -> dict[str, Any]:
         params = {"at": str(at)} if at is not None else {}
@@ -336,6 +352,10 @@ class GrpcDoor:
         done = await self._call(self._stub.Cancel, pb.CancelRequest(session_id=session))
         return int(done.seq) if done.cancelled else None
 
+    async def skip(self, session: str) -> tuple[int, tuple[int, ...]]:
+        done = await self._call(self._stub.SkipInputs, pb.SkipInputsRequest(session_id=session))
+        return int(done.seq), tuple(done.skipped_input_seqs)
+
     async def events(self, session: str, after: int) -> GrpcStream:
         call = self._stub.StreamEvents(
             pb.StreamEventsRequest(session_id=session, after_seq=after), metadata=self._metadata
@@ -352,7 +372,13 @@ class GrpcDoor:
 
     async def get_session(self, session: str) -> SessionState:
         got = await self._call(self._stub.GetSession, pb.GetSessionRequest(session_id=session))
-        return SessionState(got.head_seq, got.status, tuple(got.owed_input_seqs))
+        return SessionState(
+            got.head_seq,
+            got.status,
+            tuple(got.owed_input_seqs),
+            tuple(got.parked_on),
+            got.parked_reason,
+        )
 
     async def get_context(self, session: str, at: int | None = None) -> dict[str, Any]:
         request = pb.GetContextRequest(session_id=session, at_seq=at or 0)

@@ -29,7 +29,8 @@ class Fact(_message.Message):
       compaction      {summary, firstKept, summarized, tokensBefore, timestamp}
       attempt_failed  {error, retryable, attempt}
       cancelled       {reason?}
-      session_parked  {reason}
+      session_parked  {reason, inputSeqs?}
+      inputs_skipped  {inputSeqs, reason}
       compaction_failed {error, consecutive, suspended}
     """
 
@@ -554,6 +555,8 @@ class GetSessionResponse(_message.Message):
     PARKED_FIELD_NUMBER: _builtins.int
     LATEST_CANCEL_SEQ_FIELD_NUMBER: _builtins.int
     CONTEXT_HEAD_SEQ_FIELD_NUMBER: _builtins.int
+    PARKED_ON_FIELD_NUMBER: _builtins.int
+    PARKED_REASON_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     tenant_id: _builtins.str
     head_seq: _builtins.int
@@ -564,11 +567,17 @@ class GetSessionResponse(_message.Message):
     read_watermark: _builtins.int
     """Watermark of the latest epoch_started (0 if none)."""
     parked: _builtins.bool
-    """True when a session_parked fact came after the latest input."""
+    """True when a session_parked fact came after the latest way out of it: an
+    attempt that started, a retry, a skip, or a decision on a waiting call.
+    A plain input leaves a session parked.
+    """
     latest_cancel_seq: _builtins.int
     """Seq of the latest cancelled fact (0 if none)."""
     context_head_seq: _builtins.int
-    """Seq of the latest context fact (input, assistant, tool_result, compaction)."""
+    """Seq of the latest context fact (input, assistant, tool_result,
+    compaction, inputs_skipped).
+    """
+    parked_reason: _builtins.str
     @_builtins.property
     def owed_input_seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Input seqs not yet consumed by a completed answer, ascending."""
@@ -576,6 +585,12 @@ class GetSessionResponse(_message.Message):
     @_builtins.property
     def open_tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCallRef]:
         """Tool calls committed without a result, in call order."""
+
+    @_builtins.property
+    def parked_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """While parked: the inputs the session failed on (empty for a park that
+        named none), and the park's reason.
+        """
 
     def __init__(
         self,
@@ -591,10 +606,12 @@ class GetSessionResponse(_message.Message):
         parked: _builtins.bool = ...,
         latest_cancel_seq: _builtins.int = ...,
         context_head_seq: _builtins.int = ...,
+        parked_on: _abc.Iterable[_builtins.int] | None = ...,
+        parked_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_head_seq", b"context_head_seq", "fence_epoch", b"fence_epoch", "head_seq", b"head_seq", "latest_cancel_seq", b"latest_cancel_seq", "latest_compaction_seq", b"latest_compaction_seq", "open_tool_calls", b"open_tool_calls", "owed_input_seqs", b"owed_input_seqs", "parked", b"parked", "read_watermark", b"read_watermark", "session_id", b"session_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_head_seq", b"context_head_seq", "fence_epoch", b"fence_epoch", "head_seq", b"head_seq", "latest_cancel_seq", b"latest_cancel_seq", "latest_compaction_seq", b"latest_compaction_seq", "open_tool_calls", b"open_tool_calls", "owed_input_seqs", b"owed_input_seqs", "parked", b"parked", "parked_on", b"parked_on", "parked_reason", b"parked_reason", "read_watermark", b"read_watermark", "session_id", b"session_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

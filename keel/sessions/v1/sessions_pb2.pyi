@@ -86,6 +86,8 @@ class GetSessionResponse(_message.Message):
     OWED_INPUT_SEQS_FIELD_NUMBER: _builtins.int
     LATEST_COMPACTION_SEQ_FIELD_NUMBER: _builtins.int
     PENDING_APPROVALS_FIELD_NUMBER: _builtins.int
+    PARKED_ON_FIELD_NUMBER: _builtins.int
+    PARKED_REASON_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     head_seq: _builtins.int
     status: _builtins.str
@@ -94,11 +96,18 @@ class GetSessionResponse(_message.Message):
     owed until the call has its result).
     """
     latest_compaction_seq: _builtins.int
+    parked_reason: _builtins.str
     @_builtins.property
     def owed_input_seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def pending_approvals(self) -> _containers.RepeatedCompositeFieldContainer[Global___PendingApproval]:
         """Tool calls waiting for a person's decision, in the order asked."""
+
+    @_builtins.property
+    def parked_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """When "parked": the inputs the session failed on (what SkipInputs
+        settles; inputs sent since are owed, not batched with them), and why.
+        """
 
     def __init__(
         self,
@@ -109,10 +118,12 @@ class GetSessionResponse(_message.Message):
         owed_input_seqs: _abc.Iterable[_builtins.int] | None = ...,
         latest_compaction_seq: _builtins.int = ...,
         pending_approvals: _abc.Iterable[Global___PendingApproval] | None = ...,
+        parked_on: _abc.Iterable[_builtins.int] | None = ...,
+        parked_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["head_seq", b"head_seq", "latest_compaction_seq", b"latest_compaction_seq", "owed_input_seqs", b"owed_input_seqs", "pending_approvals", b"pending_approvals", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["head_seq", b"head_seq", "latest_compaction_seq", b"latest_compaction_seq", "owed_input_seqs", b"owed_input_seqs", "parked_on", b"parked_on", "parked_reason", b"parked_reason", "pending_approvals", b"pending_approvals", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -500,6 +511,51 @@ class CancelResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelResponse: _TypeAlias = CancelResponse  # noqa: Y015
+
+@_typing.final
+class SkipInputsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SkipInputsRequest: _TypeAlias = SkipInputsRequest  # noqa: Y015
+
+@_typing.final
+class SkipInputsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    SKIPPED_INPUT_SEQS_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    """The seq of the inputs_skipped fact."""
+    @_builtins.property
+    def skipped_input_seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The inputs it settled."""
+
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        skipped_input_seqs: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["seq", b"seq", "skipped_input_seqs", b"skipped_input_seqs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SkipInputsResponse: _TypeAlias = SkipInputsResponse  # noqa: Y015
 
 @_typing.final
 class RetryRequest(_message.Message):

@@ -74,6 +74,11 @@ class SessionServiceStub:
                 request_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.RetryRequest.SerializeToString,
                 response_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.RetryResponse.FromString,
                 _registered_method=True)
+        self.SkipInputs = channel.unary_unary(
+                '/keel.sessions.v1.SessionService/SkipInputs',
+                request_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.SkipInputsRequest.SerializeToString,
+                response_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.SkipInputsResponse.FromString,
+                _registered_method=True)
         self.DecideApproval = channel.unary_unary(
                 '/keel.sessions.v1.SessionService/DecideApproval',
                 request_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.DecideApprovalRequest.SerializeToString,
@@ -149,6 +154,17 @@ class SessionServiceServicer:
 
     def Retry(self, request, context):
         """Asks a committed input again (a new input with `retryOf` and its blobs).
+        The way out of a park that asks the failed input again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SkipInputs(self, request, context):
+        """Settles the inputs a parked session failed on, and only those: the model
+        sees a note that they were skipped and why, and the inputs sent after
+        them are answered. FAILED_PRECONDITION (SESSION_NOT_PARKED) when the
+        session is not parked on a failed input.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -221,6 +237,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.Retry,
                     request_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.RetryRequest.FromString,
                     response_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.RetryResponse.SerializeToString,
+            ),
+            'SkipInputs': grpc.unary_unary_rpc_method_handler(
+                    servicer.SkipInputs,
+                    request_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.SkipInputsRequest.FromString,
+                    response_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.SkipInputsResponse.SerializeToString,
             ),
             'DecideApproval': grpc.unary_unary_rpc_method_handler(
                     servicer.DecideApproval,
@@ -437,6 +458,33 @@ class SessionService:
             '/keel.sessions.v1.SessionService/Retry',
             keel_dot_sessions_dot_v1_dot_sessions__pb2.RetryRequest.SerializeToString,
             keel_dot_sessions_dot_v1_dot_sessions__pb2.RetryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SkipInputs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keel.sessions.v1.SessionService/SkipInputs',
+            keel_dot_sessions_dot_v1_dot_sessions__pb2.SkipInputsRequest.SerializeToString,
+            keel_dot_sessions_dot_v1_dot_sessions__pb2.SkipInputsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -53,7 +53,15 @@ class SessionServiceStub:
     Cancel: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.CancelRequest, _sessions_pb2.CancelResponse]
     """Commits a cancel when something is running or owed."""
     Retry: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.RetryRequest, _sessions_pb2.RetryResponse]
-    """Asks a committed input again (a new input with `retryOf` and its blobs)."""
+    """Asks a committed input again (a new input with `retryOf` and its blobs).
+    The way out of a park that asks the failed input again.
+    """
+    SkipInputs: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.SkipInputsRequest, _sessions_pb2.SkipInputsResponse]
+    """Settles the inputs a parked session failed on, and only those: the model
+    sees a note that they were skipped and why, and the inputs sent after
+    them are answered. FAILED_PRECONDITION (SESSION_NOT_PARKED) when the
+    session is not parked on a failed input.
+    """
     DecideApproval: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.DecideApprovalRequest, _sessions_pb2.DecideApprovalResponse]
     """Decides a tool call waiting for a person's approval. One decision per
     call: FAILED_PRECONDITION (APPROVAL_NOT_PENDING) for a call that does not
@@ -91,7 +99,15 @@ class SessionServiceAsyncStub(SessionServiceStub):
     Cancel: _aio.UnaryUnaryMultiCallable[_sessions_pb2.CancelRequest, _sessions_pb2.CancelResponse]  # type: ignore[assignment]
     """Commits a cancel when something is running or owed."""
     Retry: _aio.UnaryUnaryMultiCallable[_sessions_pb2.RetryRequest, _sessions_pb2.RetryResponse]  # type: ignore[assignment]
-    """Asks a committed input again (a new input with `retryOf` and its blobs)."""
+    """Asks a committed input again (a new input with `retryOf` and its blobs).
+    The way out of a park that asks the failed input again.
+    """
+    SkipInputs: _aio.UnaryUnaryMultiCallable[_sessions_pb2.SkipInputsRequest, _sessions_pb2.SkipInputsResponse]  # type: ignore[assignment]
+    """Settles the inputs a parked session failed on, and only those: the model
+    sees a note that they were skipped and why, and the inputs sent after
+    them are answered. FAILED_PRECONDITION (SESSION_NOT_PARKED) when the
+    session is not parked on a failed input.
+    """
     DecideApproval: _aio.UnaryUnaryMultiCallable[_sessions_pb2.DecideApprovalRequest, _sessions_pb2.DecideApprovalResponse]  # type: ignore[assignment]
     """Decides a tool call waiting for a person's approval. One decision per
     call: FAILED_PRECONDITION (APPROVAL_NOT_PENDING) for a call that does not
@@ -168,7 +184,21 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _sessions_pb2.RetryRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_sessions_pb2.RetryResponse, _abc.Awaitable[_sessions_pb2.RetryResponse]]:
-        """Asks a committed input again (a new input with `retryOf` and its blobs)."""
+        """Asks a committed input again (a new input with `retryOf` and its blobs).
+        The way out of a park that asks the failed input again.
+        """
+
+    @_abc_1.abstractmethod
+    def SkipInputs(
+        self,
+        request: _sessions_pb2.SkipInputsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sessions_pb2.SkipInputsResponse, _abc.Awaitable[_sessions_pb2.SkipInputsResponse]]:
+        """Settles the inputs a parked session failed on, and only those: the model
+        sees a note that they were skipped and why, and the inputs sent after
+        them are answered. FAILED_PRECONDITION (SESSION_NOT_PARKED) when the
+        session is not parked on a failed input.
+        """
 
     @_abc_1.abstractmethod
     def DecideApproval(
