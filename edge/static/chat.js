@@ -10,7 +10,7 @@
 
 import { ApiError, api, currentKey, sessionPath, storeKey, storedKey } from "./api.js";
 import { $, formatTime, h, newRequestId, readHash, writeHash } from "./dom.js";
-import { CANCELLED_STOP, pendingApprovals, renderFact, settleApproval } from "./facts.js";
+import { CANCELLED_STOP, pendingApprovals, renderFact, settleApproval, settleParked } from "./facts.js";
 import { Inspector } from "./inspector.js";
 import { Previews } from "./previews.js";
 import { EventStream } from "./stream.js";
@@ -61,7 +61,9 @@ const factView = {
   toolNames: new Map(),
   inputs: new Map(),
   approvals: new Map(),
+  parked: null,
   onRetry: retryInput,
+  onSkip: skipFailed,
   onDecide: decideApproval,
 };
 const inspector = new Inspector($("#inspector"), reportError);
@@ -151,6 +153,7 @@ function selectSession(id) {
   factView.toolNames.clear();
   factView.inputs.clear();
   factView.approvals.clear();
+  factView.parked = null;
   state.draft = null;
   els.facts.replaceChildren();
   els.title.textContent = id;
@@ -263,6 +266,9 @@ const STATUS_WORDS = {
 function shownStatus(status) {
   const resting = status === "idle" || status === "awaiting_approval";
   if (!resting) return status;
+  // A park lasts until its inputs are skipped or an attempt runs again,
+  // whatever the stream said when the failed attempt ended.
+  if (factView.parked) return "parked";
   return pendingApprovals(factView) > 0 ? "awaiting_approval" : "idle";
 }
 
@@ -272,10 +278,11 @@ function setStatus(status) {
   const shown = shownStatus(status);
   els.status.dataset.state = shown;
   els.status.textContent = STATUS_WORDS[shown] || shown;
-  // Cancel is offered while an answer is being produced, or a call waits
-  // (a cancel closes it). Nothing else is disabled while busy: inputs sent
-  // now are committed and queued.
-  els.cancel.hidden = shown !== "running" && shown !== "awaiting_approval";
+  // Cancel is offered while an answer is being produced, a call waits (a
+  // cancel closes it), or the session is parked (it settles what is owed).
+  // Nothing else is disabled while busy: inputs sent now are committed and
+  // queued.
+  els.cancel.hidden = !["running", "awaiting_approval", "parked"].includes(shown);
   // Idle means no answer is in flight: a preview left now belongs to a
   // generation that will never commit under that id (a crash, a cancel).
   if (shown !== "running" && shown !== "compacting") previews.drop();
@@ -349,6 +356,12 @@ function applyFact(fact) {
       // A new owner streams the answer again from its first token under the
       // same generationId: previews of older epochs were cut off.
       previews.dropOlderThan(data.epoch);
+      settleParked(factView);
+      setStatus(state.status);
+      break;
+    case "inputs_skipped":
+      settleParked(factView);
+      setStatus(state.status);
       break;
     case "attempt_failed":
       // The failed attempt's previews will never commit; a retry restarts.
@@ -429,6 +442,15 @@ async function sendInput() {
 async function retryInput(seq) {
   try {
     await api("POST", sessionPath(state.sessionId, "/retry"), { seq });
+    showNotice("");
+  } catch (error) {
+    reportError(error);
+  }
+}
+
+async function skipFailed() {
+  try {
+    await api("POST", sessionPath(state.sessionId, "/skip"), {});
     showNotice("");
   } catch (error) {
     reportError(error);

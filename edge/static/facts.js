@@ -21,11 +21,13 @@ export const FACT_KINDS = [
   "compaction_failed",
   "approval_requested",
   "approval",
+  "inputs_skipped",
 ];
 
 /** `view` holds what rendering needs from the chat: toolNames (id -> name),
- *  inputs (seq -> element), approvals (toolCallId -> approval card),
- *  onRetry(seq) and onDecide(toolCallId, approve, note) -> Promise. */
+ *  inputs (seq -> element), approvals (toolCallId -> approval card), parked
+ *  (the latest park's card, or null), onRetry(seq), onSkip() and
+ *  onDecide(toolCallId, approve, note) -> Promise. */
 export function renderFact(fact, view) {
   const data = fact.data;
   switch (fact.kind) {
@@ -50,7 +52,14 @@ export function renderFact(fact, view) {
     case "cancelled":
       return h("div", { className: "notice" }, "Cancel requested");
     case "session_parked":
-      return h("div", { className: "notice error" }, `Session parked: ${data.reason}`);
+      return renderParked(fact, view);
+    case "inputs_skipped":
+      for (const seq of data.inputSeqs || []) view.inputs.get(seq)?.classList.add("skipped");
+      return h(
+        "div",
+        { className: "notice" },
+        `Skipped ${(data.inputSeqs || []).map((seq) => `#${seq}`).join(", ")}: ${data.reason}`,
+      );
     case "compaction_failed":
       return h("div", { className: "notice warn" }, `Compaction failed: ${data.error}`);
     case "approval_requested":
@@ -120,6 +129,54 @@ function renderAssistant(fact, view) {
     );
   }
   return el;
+}
+
+/** A park: why, and the two ways on while it lasts: Retry asks the failed
+ *  inputs again, Skip settles them (the model is told they were skipped)
+ *  so the inputs sent since are answered. The buttons go once the session
+ *  runs again (`settleParked`). */
+function renderParked(fact, view) {
+  const data = fact.data;
+  const failed = data.inputSeqs || [];
+  const named = failed.length ? ` on ${failed.map((seq) => `#${seq}`).join(", ")}` : "";
+  const retry = h("button", { type: "button", className: "retry-parked" }, "Retry");
+  const skip = h("button", { type: "button", className: "skip" }, "Skip");
+  const actions = h("div", { className: "parked-actions" }, failed.length ? [retry, skip] : [retry]);
+  const card = h(
+    "div",
+    { className: "notice error parked", dataset: { seq: String(fact.seq) } },
+    h("div", {}, `Session parked${named}: ${data.reason}`),
+    actions,
+  );
+  const act = async (work) => {
+    retry.disabled = true;
+    skip.disabled = true;
+    try {
+      await work();
+    } finally {
+      if (card.querySelector(".parked-actions")) {
+        retry.disabled = false;
+        skip.disabled = false;
+      }
+    }
+  };
+  retry.addEventListener("click", () =>
+    act(async () => {
+      // Without named inputs (an older park), the latest input is asked again.
+      const seqs = failed.length ? failed : [Math.max(0, ...view.inputs.keys())];
+      for (const seq of seqs) if (seq > 0) await view.onRetry(seq);
+    }),
+  );
+  skip.addEventListener("click", () => act(() => view.onSkip()));
+  view.parked = card;
+  return card;
+}
+
+/** The park is over (its inputs skipped, or an attempt ran again). */
+export function settleParked(view) {
+  const card = view.parked;
+  view.parked = null;
+  card?.querySelector(".parked-actions")?.remove();
 }
 
 /** A call waiting for a person: its tool and arguments, a note, and the two

@@ -24,6 +24,7 @@ const KIND_LABELS = {
   compaction_failed: "compaction failed",
   approval_requested: "asks approval",
   approval: "decision",
+  inputs_skipped: "skipped",
 };
 
 function textOf(content) {
@@ -66,8 +67,12 @@ function describe(fact, toolNames) {
       return `${data.error}${data.retryable ? " (will retry)" : ""}`;
     case "cancelled":
       return "cancel requested";
-    case "session_parked":
-      return String(data.reason ?? "");
+    case "session_parked": {
+      const on = (data.inputSeqs || []).map((seq) => `#${seq}`).join(", ");
+      return `${on ? `on ${on}: ` : ""}${data.reason ?? ""}`;
+    }
+    case "inputs_skipped":
+      return `${(data.inputSeqs || []).map((seq) => `#${seq}`).join(", ")}: ${data.reason ?? ""}`;
     case "compaction_failed":
       return String(data.error ?? "");
     case "approval_requested":

@@ -42,8 +42,9 @@ from services.cli.chat_view import ChatView, Delta, SseEvent, SseParser
 from services.runner.events import IDLE
 
 HELP = (
-    "Type a message and press Enter. Commands: :retry <seq>  :cancel  "
-    ":approve [note]  :deny [note]  :quit  :help. "
+    "Type a message and press Enter. Commands: :retry <seq>  :skip  :cancel  "
+    ":approve [note]  :deny [note]  :quit  :help (:skip settles the inputs a parked "
+    "session failed on). "
     "Model commands (/slow, /tool, /think, /fail, /long) go to the model as text."
 )
 YES, NO = frozenset({"y", "yes"}), frozenset({"n", "no"})
@@ -247,6 +248,12 @@ class ChatClient:
         seq = response.json().get("seq")
         return None if seq is None else int(seq)
 
+    async def skip(self) -> list[int]:
+        """Settles the inputs a parked session failed on; the ones it skipped."""
+        response = await self.http.post(self._path("/skip"), json={})
+        _raise_for(response)
+        return [int(seq) for seq in response.json()["skipped"]]
+
     async def head_seq(self) -> int:
         response = await self.http.get(self._path())
         _raise_for(response)
@@ -326,7 +333,7 @@ async def _answer(client: ChatClient, text: str) -> bool:
     return False
 
 
-async def _command(client: ChatClient, line: str) -> bool:
+async def run_command(client: ChatClient, line: str) -> bool:
     """Runs one line; False when the user asked to quit."""
     text = line.strip()
     # An empty line is a note too (none): checked before it is skipped.
@@ -342,6 +349,8 @@ async def _command(client: ChatClient, line: str) -> bool:
             client.view.notice(HELP)
         elif name == "cancel":
             await client.cancel()
+        elif name == "skip":
+            await client.skip()
         elif name == "retry" and argument.strip().lstrip("#").isdigit():
             await client.retry(int(argument.strip().lstrip("#")))
         elif name in ("approve", "deny"):
@@ -368,7 +377,7 @@ async def _converse(client: ChatClient, stdin: TextIO, follower: asyncio.Task[No
         if line is None:
             break  # end of input: wait for the answers below
         try:
-            if not await _command(client, line):
+            if not await run_command(client, line):
                 return
         except ChatError as error:
             client.view.notice(str(error), style="red")

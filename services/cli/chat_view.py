@@ -78,6 +78,13 @@ def _as_text(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+def _on(seqs: object) -> str:
+    """ " on #3, #4" for a list of input seqs, "" without one."""
+    if not isinstance(seqs, list) or not seqs:
+        return ""
+    return " on " + ", ".join(f"#{seq}" for seq in seqs)
+
+
 def _compaction_headline(data: Mapping[str, Any]) -> str:
     before, after = data.get("tokensBefore"), data.get("tokensAfter")
     headline = "context compacted"
@@ -144,7 +151,12 @@ def render_fact(fact: Mapping[str, Any], tool_names: Mapping[str, str]) -> Rende
             + (" (retrying)" if data.get("retryable") else ""),
             "yellow",
         ),
-        "session_parked": (f"session parked: {data.get('reason')}", "bold red"),
+        "session_parked": (
+            f"session parked{_on(data.get('inputSeqs'))}: {data.get('reason')} "
+            "(:retry <seq> asks again, :skip settles the failed inputs)",
+            "bold red",
+        ),
+        "inputs_skipped": (f"skipped{_on(data.get('inputSeqs'))}: {data.get('reason')}", "yellow"),
         "compaction_failed": (f"compaction failed: {data.get('error')}", "yellow"),
     }
     text, style = notices.get(kind, (kind, "dim"))

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from rich.console import Console
 
-from services.cli.chat import ChatClient, open_session
+from services.cli.chat import ChatClient, open_session, run_command
 from services.cli.chat_view import ChatView, Delta, SseEvent, SseParser
 from tests.support.polling import eventually
 from tests.support.processes import ChildProcess
@@ -194,6 +194,7 @@ async def settle(client: ChatClient) -> None:
     await eventually(client.settled, "the session to be answered", DEADLINE_S)
 
 
+@pytest.mark.slow
 async def test_resumes_after_cut_streams_without_repeats(base_url: str) -> None:
     transport = CutStreams([450, 1100])
     view = RecordingView()
@@ -250,6 +251,36 @@ async def test_piped_stdin_prints_the_conversation_and_exits(base_url: str) -> N
     assert "unknown command ':bogus'" in output
 
 
+async def test_skip_settles_what_parked_the_session_and_the_next_input_is_answered(
+    base_url: str,
+) -> None:
+    view = RecordingView()
+    async with httpx.AsyncClient(
+        base_url=base_url, headers={"Authorization": f"Bearer {KEY}"}
+    ) as http:
+        session = await open_session(http, None)
+        client = ChatClient(http, session, view)
+        follower = asyncio.create_task(client.follow())
+        try:
+            failed = await client.send("/fail")
+            await settle(client)  # parked: it waits for a person
+            later = await client.send("hello after the failure")
+            assert await run_command(client, ":skip")
+            await eventually(
+                lambda: "You said: hello after the failure" in view.output(),
+                "the later input's answer",
+                DEADLINE_S,
+            )
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+    output = view.output()
+    assert f"session parked on #{failed}" in output, output
+    assert f"skipped on #{failed}" in output, output
+    assert later > failed
+    assert output.count("You said: hello after the failure") == 1, output
+
+
 class StatusView(ChatView):
     """A view on a (pretend) terminal that remembers every status it showed."""
 
@@ -270,6 +301,7 @@ class StatusView(ChatView):
         return file.getvalue()
 
 
+@pytest.mark.slow
 async def test_keel_chat_shows_compacting_on_a_terminal(tmp_path: Path) -> None:
     with keel_up_process(tmp_path / "data", KEY) as up:
         await use_quick_compaction(up.kernel_target)
