@@ -5,6 +5,8 @@ the unary append, a successor's cold rebuild."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench.ledger import measure as measure_ledger
 from bench.rebuild import measure as measure_rebuild
 from bench.turns import measure as measure_turns
@@ -22,6 +24,7 @@ def test_the_turns_benchmark_reports_cpu_calls_and_commits(postgres_url: str) ->
     assert set(result["commits_by_store"]) == {"kernel", "ledger"}
 
 
+@pytest.mark.slow
 def test_the_turns_benchmark_splits_the_services_over_processes(postgres_url: str) -> None:
     """`--layout split`: every answer came through a ledger, a kernel and a
     runner in processes of their own, and each one's CPU is told apart."""

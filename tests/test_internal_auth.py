@@ -346,6 +346,7 @@ async def _answered(http: httpx.AsyncClient, text: str) -> dict[str, Any]:
     return await eventually(answer, "the answer", DEADLINE_S)
 
 
+@pytest.mark.slow
 async def test_keel_up_processes_runs_closed_on_its_own_token(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     # A data dir an older Keel left open is closed again.

@@ -455,6 +455,7 @@ def _an_input(request_id: str) -> list[F.NewFact]:
     return [F.NewFact(F.INPUT, {"text": "hello", "requestId": request_id})]
 
 
+@pytest.mark.outage
 def test_the_stores_refuse_while_postgres_is_down_and_work_at_once_when_it_is_back(
     tmp_path: Path,
 ) -> None:

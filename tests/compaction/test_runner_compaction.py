@@ -77,6 +77,7 @@ def assert_compactions_cover_everything(facts: list[CommittedFact]) -> None:
         kept_from = first_kept
 
 
+@pytest.mark.slow
 async def test_a_long_session_compacts_and_every_request_is_rebuilt_exactly(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -140,6 +141,7 @@ async def test_a_long_session_compacts_and_every_request_is_rebuilt_exactly(
         service.kill()
 
 
+@pytest.mark.slow
 async def test_a_crash_mid_summary_commits_nothing_and_the_successor_compacts(
     cluster: Cluster,
 ) -> None:

@@ -20,6 +20,7 @@ import signal
 from typing import Any
 
 import httpx
+import pytest
 
 from services.runner.server import RunnerServer
 from tests.support.edge_stack import ADMIN_KEY, Stack
@@ -106,6 +107,7 @@ async def test_a_drain_without_an_id_drains_every_runner_and_not_the_edge(
     assert not stack.gateway.draining.is_set()
 
 
+@pytest.mark.slow
 async def test_unfinished_drains_are_undone_the_runner_claims_and_the_edge_serves(
     stack: Stack, runner: RunnerServer
 ) -> None:
@@ -155,6 +157,7 @@ async def test_unfinished_drains_are_undone_the_runner_claims_and_the_edge_serve
     assert await stack.cluster.kernel.list_handoffs() == []
 
 
+@pytest.mark.slow
 async def test_a_runner_on_another_address_is_reached_there(stack: Stack) -> None:
     child = start_runner_process(stack, "--address", f"{OTHER_LOOPBACK}:0")
     try:
@@ -211,6 +214,7 @@ async def test_a_wildcard_bind_advertises_an_address_or_refuses_to_start(stack: 
         child.kill()
 
 
+@pytest.mark.slow
 async def test_status_tells_live_unreachable_and_gone_runners_apart(stack: Stack) -> None:
     child = start_runner_process(stack)
     try:
@@ -242,6 +246,7 @@ async def test_status_tells_live_unreachable_and_gone_runners_apart(stack: Stack
         child.kill()
 
 
+@pytest.mark.slow
 def test_in_a_single_process_keel_up_a_drained_runner_is_replaced(tmp_path: Any) -> None:
     key = "drain-scope-dev-key-0123456789"
     with keel_up(tmp_path / "data", key) as running:

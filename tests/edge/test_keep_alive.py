@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from edge.limits import ClientLimits
 from tests.support.edge_stack import ADMIN_KEY, DEADLINE_S, Stack
 from tests.support.slow_clients import RawClient, limited_edge, request_head, status_of
@@ -38,6 +40,7 @@ async def _answer(client: RawClient, method: str, path: str) -> int:
     return status_of(head)
 
 
+@pytest.mark.slow
 async def test_an_idle_connection_is_reused_after_uvicorns_default(stack: Stack) -> None:
     assert stack.edge.keep_alive_s > LOAD_BALANCER_IDLE_S
     # As many as the burst that lost a request: 100 concurrent POSTs.

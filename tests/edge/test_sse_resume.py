@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 import httpx
+import pytest
 
 from edge.gateway import EdgeConfig
 from edge.server import EdgeServer
@@ -156,6 +157,7 @@ async def test_fuzzed_disconnects_while_facts_commit(stack: Stack) -> None:
     await eventually(released, "SSE clients and their ledger fan-outs to be released", 10)
 
 
+@pytest.mark.slow
 async def test_stream_goes_on_across_a_runner_sigkill(stack: Stack) -> None:
     """A runner streaming `/slow 3 …` is SIGKILLed; a new runner takes over.
     A client that stays connected and one that reconnects with Last-Event-ID

@@ -10,8 +10,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from services.runner.server import RunnerServer
 from tests.support.edge_stack import DEADLINE_S, Stack
+
+pytestmark = pytest.mark.slow
 
 POLL_S = 0.05
 

@@ -191,6 +191,7 @@ async def test_a_stream_refused_whole_raises_what_the_unary_call_raises(
     assert not isinstance(on_stream.value, ServiceUnavailable)
 
 
+@pytest.mark.slow
 async def test_a_ledger_killed_mid_stream_loses_and_doubles_no_append(
     pg_settings: Settings,
 ) -> None:

@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from services.ledger.client import FactToAppend
 from services.runner.tool_state import counter_store
 from tests.support.cluster import Cluster
 from tests.support.ledger_invariants import assert_recovered
 from tests.support.polling import eventually
+
+pytestmark = pytest.mark.slow
 
 
 async def test_inputs_committed_while_an_answer_streams_are_each_acted_on(

@@ -16,6 +16,8 @@ from tests.support.cluster import Cluster
 from tests.support.ledger_invariants import assert_recovered
 from tests.support.polling import eventually
 
+pytestmark = pytest.mark.slow
+
 
 async def test_the_old_writer_is_rejected_after_cutover(cluster: Cluster) -> None:
     old = cluster.start_runner()

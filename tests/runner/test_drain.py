@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from services.runner.client import RunnerClient
 from tests.support.cluster import Cluster, wait_for_kind
 from tests.support.ledger_invariants import assert_recovered
+
+pytestmark = pytest.mark.slow
 
 SLOW_TOOLS = '/tool sleep {"seconds": 1} | counter {"key": "%s"} | sleep {"seconds": 1}'
 

@@ -68,6 +68,7 @@ def finals(facts: list[CommittedFact]) -> list[CommittedFact]:
     return [f for f in facts if f.kind == "assistant" and f.data.get("inputSeqs")]
 
 
+@pytest.mark.slow
 async def test_a_shutdown_drain_stops_the_attempt_and_releases_its_lease_at_once(
     cluster: Cluster,
 ) -> None:
@@ -143,6 +144,7 @@ async def test_after_a_lost_lease_no_task_of_the_attempt_outlives_it(cluster: Cl
     assert not [f for f in facts if f.kind == "assistant"], "the old attempt committed"
 
 
+@pytest.mark.slow
 async def test_a_handoff_audits_only_real_handoffs_with_successor_and_revision(
     cluster: Cluster,
 ) -> None:
@@ -184,6 +186,7 @@ async def test_a_handoff_audits_only_real_handoffs_with_successor_and_revision(
     assert await lease_state(cluster, "done") is LeaseState.FINISHED
 
 
+@pytest.mark.slow
 async def test_a_drain_not_finished_is_undone_and_a_finished_one_is_not(
     cluster: Cluster,
 ) -> None:
@@ -218,6 +221,7 @@ async def test_a_drain_not_finished_is_undone_and_a_finished_one_is_not(
     assert await cluster.kernel.list_handoffs() == []
 
 
+@pytest.mark.slow
 async def test_sigterm_hands_off_within_keel_drain_deadline_ms(cluster: Cluster) -> None:
     child = cluster.start_runner(KEEL_SIGTERM_MODE="handoff", KEEL_DRAIN_DEADLINE_MS="1000")
     await cluster.runner_ready(child)

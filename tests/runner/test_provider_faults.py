@@ -132,6 +132,7 @@ async def test_a_failure_retrying_cannot_fix_parks_after_one_attempt(
     assert provider.requests == 2
 
 
+@pytest.mark.slow
 async def test_rate_limits_wait_for_retry_after_and_spare_the_attempts(
     cluster: Cluster, policy: SecretPolicy, provider: FaultyProvider
 ) -> None:
@@ -167,6 +168,7 @@ async def test_rate_limits_wait_for_retry_after_and_spare_the_attempts(
     assert provider.requests == 5
 
 
+@pytest.mark.slow
 async def test_a_provider_that_always_rate_limits_parks_at_the_ceiling(
     cluster: Cluster, policy: SecretPolicy, provider: FaultyProvider
 ) -> None:

@@ -71,6 +71,7 @@ async def test_a_kept_session_is_answered_by_the_same_runner_with_the_same_epoch
     assert leases(cluster).slots("default")[0] == 0
 
 
+@pytest.mark.slow
 async def test_a_holder_killed_while_keeping_a_session_is_taken_over_with_a_new_epoch(
     cluster: Cluster,
 ) -> None:
@@ -101,6 +102,7 @@ async def test_a_holder_killed_while_keeping_a_session_is_taken_over_with_a_new_
     assert [(f.data["inputSeqs"], f.epoch) for f in finals] == [([inputs[0]], 1), ([seq], 2)]
 
 
+@pytest.mark.slow
 async def test_a_drain_lets_the_kept_sessions_go_at_once(cluster: Cluster) -> None:
     first = cluster.start_runner(**LONG_WINDOW)
     address = await cluster.runner_ready(first)

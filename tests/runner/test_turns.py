@@ -47,6 +47,7 @@ async def test_tool_calls_get_exactly_one_result_each(cluster: Cluster) -> None:
     assert counter.value("t1") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sticky_ms", ["30000", "0"], ids=["sticky", "cold"])
 async def test_inputs_arriving_mid_attempt_are_answered_next(
     cluster: Cluster, sticky_ms: str
@@ -128,6 +129,7 @@ async def test_cancel_stops_a_running_generation(cluster: Cluster) -> None:
     assert_recovered(facts)
 
 
+@pytest.mark.slow
 async def test_a_paused_stale_owner_gets_no_write_accepted(pg_settings: Settings) -> None:
     settings = pg_settings.with_overrides(lease_ms=1500)
     cluster = await start_cluster(settings)

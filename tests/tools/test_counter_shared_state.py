@@ -40,6 +40,7 @@ async def results(cluster: Cluster) -> list[dict[str, object]]:
     return [json.loads(f.data["content"]) for f in facts if f.kind == "tool_result"]
 
 
+@pytest.mark.slow
 async def test_a_call_redone_by_a_runner_of_another_data_dir_is_not_applied_again(
     cluster: Cluster, tmp_path: Path
 ) -> None:
