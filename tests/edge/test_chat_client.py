@@ -195,7 +195,6 @@ async def settle(client: ChatClient) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 async def test_resumes_after_cut_streams_without_repeats(base_url: str) -> None:
     transport = CutStreams([450, 1100])
     view = RecordingView()
@@ -302,7 +301,6 @@ class StatusView(ChatView):
         return file.getvalue()
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 async def test_keel_chat_shows_compacting_on_a_terminal(tmp_path: Path) -> None:
     with keel_up_process(tmp_path / "data", KEY) as up:
