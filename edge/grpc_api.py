@@ -238,8 +238,10 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     @_unary
     async def Cancel(self, request: pb.CancelRequest, context: Any) -> pb.CancelResponse:
         caller, session_id = await self._session(context, request.session_id)
-        seq = await inputs.cancel(self._gateway, caller, session_id)
-        return pb.CancelResponse(cancelled=seq is not None, seq=seq or 0)
+        cancelled = await inputs.cancel(self._gateway, caller, session_id)
+        if cancelled is None:
+            return pb.CancelResponse(cancelled=False)
+        return pb.CancelResponse(cancelled=True, seq=cancelled.seq, input_seqs=cancelled.input_seqs)
 
     @_unary
     async def DecideApproval(

@@ -27,7 +27,7 @@ from services.common import tracing
 from services.common.errors import KeelError
 from services.common.outage_log import OutageLog
 from services.ledger.errors import InvalidFact
-from services.ledger.facts import INPUT, INPUTS_SKIPPED
+from services.ledger.facts import CANCELLED, INPUT, INPUTS_SKIPPED
 from services.ledger.packed_facts import pack_input
 
 log = logging.getLogger(__name__)
@@ -188,10 +188,23 @@ async def _append_input(
     return Committed(appended.seq, appended.duplicate, request_id, retry_safe)
 
 
-async def cancel(gateway: Gateway, caller: Caller, session_id: str) -> int | None:
-    """Commits a cancel and returns its seq; None when there is nothing to
-    cancel (no owed input, no open tool call, nobody holding the session),
-    so an idle session's history gains no empty cancel."""
+@dataclass(frozen=True)
+class Cancelled:
+    """A committed cancel: its seq, and the inputs it settles (every input
+    owed when it was committed; the runner settles them as cancelled)."""
+
+    seq: int
+    input_seqs: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "cancelled": True, "inputSeqs": list(self.input_seqs)}
+
+
+async def cancel(gateway: Gateway, caller: Caller, session_id: str) -> Cancelled | None:
+    """Commits a cancel; None when there is nothing to cancel (no owed input,
+    no open tool call, nobody holding the session), so an idle session's
+    history gains no empty cancel. A parked session is woken for it: the
+    cancel settles what it names instead of waiting behind the park."""
     view = await gateway.session(caller, session_id)
     # The lease is asked directly, not through owner(): an unreachable
     # kernel must be a 503, not a claim that nothing runs.
@@ -201,9 +214,9 @@ async def cancel(gateway: Gateway, caller: Caller, session_id: str) -> int | Non
         and (await gateway.kernel.get_lease(session_id)).lease is None
     ):
         return None
-    appended = await gateway.ledger.append_one(session_id, "cancelled", {"reason": "client"})
-    await gateway.kernel.enqueue(session_id, caller.tenant_id)
-    return appended.seq
+    appended = await gateway.ledger.append_one(session_id, CANCELLED, {"reason": "client"})
+    await gateway.kernel.enqueue(session_id, caller.tenant_id, unpark=view.parked)
+    return Cancelled(appended.seq, view.owed_input_seqs)
 
 
 @dataclass(frozen=True)

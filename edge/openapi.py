@@ -227,7 +227,18 @@ _SCHEMAS: dict[str, Schema] = {
             },
         },
     ),
-    "Cancelled": _object(["seq", "cancelled"], {"seq": _SEQ, "cancelled": {"const": True}}),
+    "Cancelled": _object(
+        ["seq", "cancelled", "inputSeqs"],
+        {
+            "seq": _SEQ,
+            "cancelled": {"const": True},
+            "inputSeqs": {
+                "type": "array",
+                "items": _SEQ,
+                "description": "the inputs it settles: every input owed when it was committed",
+            },
+        },
+    ),
     "NothingToCancel": _object(["cancelled"], {"cancelled": {"const": False}}),
     "Skipped": _object(
         ["seq", "skipped"],
@@ -598,8 +609,10 @@ _PATHS: dict[str, Schema] = {
         "post": {
             "operationId": "cancel",
             "summary": "Cancel the session's current work",
-            "description": "An idle session (nothing owed, nothing running) has nothing to "
-            "cancel: nothing is committed and the answer is 200 `{cancelled: false}`.",
+            "description": "Settles every input owed at that moment, and names them "
+            "(`inputSeqs`); a parked session runs again to settle them. An idle session "
+            "(nothing owed, nothing running) has nothing to cancel: nothing is committed "
+            "and the answer is 200 `{cancelled: false}`.",
             "responses": {
                 "202": _json(_ref("Cancelled"), "A cancel was committed"),
                 "200": _json(_ref("NothingToCancel"), "Nothing to cancel"),

@@ -128,7 +128,9 @@ class AsyncKeelClient:
 
     async def cancel(self, session_id: str) -> Cancellation:
         response = await self._call(self._stub.Cancel, pb.CancelRequest(session_id=session_id))
-        return Cancellation(cancelled=response.cancelled, seq=response.seq)
+        return Cancellation(
+            cancelled=response.cancelled, seq=response.seq, input_seqs=tuple(response.input_seqs)
+        )
 
     async def skip_inputs(self, session_id: str) -> Skip:
         """Settles the inputs a parked session failed on (`Session.parked_on`),

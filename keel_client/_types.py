@@ -128,6 +128,8 @@ class Cancellation:
     cancelled: bool
     # The cancel fact's seq (0 when nothing was committed).
     seq: int
+    # The inputs it settles: every input owed when it was committed.
+    input_seqs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

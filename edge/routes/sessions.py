@@ -71,10 +71,10 @@ async def retry_input(request: Request, caller: Caller) -> Response:
 
 
 async def cancel(request: Request, caller: Caller) -> Response:
-    seq = await inputs.cancel(gateway_of(request), caller, session_id(request, caller))
-    if seq is None:
+    cancelled = await inputs.cancel(gateway_of(request), caller, session_id(request, caller))
+    if cancelled is None:
         return JSONResponse({"cancelled": False})
-    return JSONResponse({"seq": seq, "cancelled": True}, status_code=202)
+    return JSONResponse(cancelled.to_json(), status_code=202)
 
 
 async def skip(request: Request, caller: Caller) -> Response:

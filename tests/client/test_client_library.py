@@ -107,7 +107,10 @@ async def test_each_method_returns_its_typed_result(
     unnamed = await keel.send_input("typed-1", "/slow 20 a long answer", request_id=None)
     assert not unnamed.retry_safe and unnamed.request_id
     cancelled = await keel.cancel("typed-1")
-    assert cancelled == Cancellation(cancelled=True, seq=cancelled.seq)
+    assert cancelled == Cancellation(
+        cancelled=True, seq=cancelled.seq, input_seqs=cancelled.input_seqs
+    )
+    assert unnamed.seq in cancelled.input_seqs
     assert cancelled.seq > unnamed.seq
 
     parked = await keel.create_session("typed-parked")

@@ -8,6 +8,8 @@ retrying cannot fix, so it parks at once).
 - a skip settles the failed input, and only it: the later input is answered
   on its own, and the model is shown the failed one followed by a note that
   it was skipped and why;
+- a cancel of a parked session names every input it settles (the failed
+  one and those sent since) and is carried out, not held behind the park;
 - a session that is not parked has nothing to skip (SESSION_NOT_PARKED).
 """
 
@@ -74,6 +76,31 @@ async def test_a_parked_session_is_recovered_by_skipping_what_failed(
     assert texts[1].startswith("(this message was skipped after the model failed on it:")
     assert shown[1]["role"] == "assistant"
     assert texts[2] == "hello after the failure"
+
+
+async def test_a_cancel_of_a_parked_session_settles_what_it_names(
+    stack: Stack, runner: RunnerServer, door: FrontDoor
+) -> None:
+    session = await door.create_session()
+    failed = (await door.send_input(session, "/fail", "r-fail")).seq
+    await _parked(door, session)
+    later = (await door.send_input(session, "and this one", "r-later")).seq
+
+    seq, named = await door.cancel_naming(session)
+    assert seq is not None and named == (failed, later)
+
+    async def settling() -> dict[str, object] | None:
+        for fact in await stack.facts(session):
+            if fact.kind == ASSISTANT and fact.data.get("stopReason") == "cancelled":
+                return dict(fact.data)
+        return None
+
+    # The park does not hold the cancel back: the runner settles exactly the
+    # inputs the cancel named, and nothing is owed after it.
+    settled = await eventually(settling, "the cancel to be settled")
+    assert settled["inputSeqs"] == [failed, later]
+    state = await door.get_session(session)
+    assert state.status == "idle" and state.owed_inputs == ()
 
 
 async def test_a_session_that_is_not_parked_has_nothing_to_skip(

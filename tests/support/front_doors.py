@@ -99,6 +99,10 @@ class FrontDoor(Protocol):
         """The skip's seq and the inputs it settled."""
         ...
 
+    async def cancel_naming(self, session: str) -> tuple[int | None, tuple[int, ...]]:
+        """The cancel's seq (None: nothing to cancel) and the inputs it settles."""
+        ...
+
     async def cancel(self, session: str) -> int | None:
         """The cancel's seq, None when nothing was cancelled."""
 
@@ -205,8 +209,13 @@ class HttpDoor:
         return self._sent(await self._call("POST", f"/v1/sessions/{session}/retry", json=body))
 
     async def cancel(self, session: str) -> int | None:
+        return (await self.cancel_naming(session))[0]
+
+    async def cancel_naming(self, session: str) -> tuple[int | None, tuple[int, ...]]:
         body = (await self._call("POST", f"/v1/sessions/{session}/cancel")).json()
-        return body["seq"] if body["cancelled"] else None
+        if not body["cancelled"]:
+            return None, ()
+        return body["seq"], tuple(body["inputSeqs"])
 
     async def skip(self, session: str) -> tuple[int, tuple[int, ...]]:
         body = (await self._call("POST", f"/v1/sessions/{session}/skip")).json()
@@ -349,8 +358,13 @@ class GrpcDoor:
         return Sent(sent.seq, sent.duplicate, sent.request_id)
 
     async def cancel(self, session: str) -> int | None:
+        return (await self.cancel_naming(session))[0]
+
+    async def cancel_naming(self, session: str) -> tuple[int | None, tuple[int, ...]]:
         done = await self._call(self._stub.Cancel, pb.CancelRequest(session_id=session))
-        return int(done.seq) if done.cancelled else None
+        if not done.cancelled:
+            return None, ()
+        return int(done.seq), tuple(done.input_seqs)
 
     async def skip(self, session: str) -> tuple[int, tuple[int, ...]]:
         done = await self._call(self._stub.SkipInputs, pb.SkipInputsRequest(session_id=session))

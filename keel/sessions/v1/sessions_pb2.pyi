@@ -495,18 +495,26 @@ class CancelResponse(_message.Message):
 
     CANCELLED_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
+    INPUT_SEQS_FIELD_NUMBER: _builtins.int
     cancelled: _builtins.bool
     """False when there was nothing to cancel (nothing was committed)."""
     seq: _builtins.int
+    @_builtins.property
+    def input_seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The inputs the cancel settles: every input owed when it was committed
+        (a parked session's failed inputs and those sent since alike).
+        """
+
     def __init__(
         self,
         *,
         cancelled: _builtins.bool = ...,
         seq: _builtins.int = ...,
+        input_seqs: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "input_seqs", b"input_seqs", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

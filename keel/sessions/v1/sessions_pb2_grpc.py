@@ -146,7 +146,9 @@ class SessionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Cancel(self, request, context):
-        """Commits a cancel when something is running or owed.
+        """Commits a cancel when something is running or owed; it settles every
+        input owed at that moment, and names them. A parked session runs again
+        to settle them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

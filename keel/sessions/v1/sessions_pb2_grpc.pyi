@@ -51,7 +51,10 @@ class SessionServiceStub:
     partials, status changes and a drain notice, which carry no seq.
     """
     Cancel: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.CancelRequest, _sessions_pb2.CancelResponse]
-    """Commits a cancel when something is running or owed."""
+    """Commits a cancel when something is running or owed; it settles every
+    input owed at that moment, and names them. A parked session runs again
+    to settle them.
+    """
     Retry: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.RetryRequest, _sessions_pb2.RetryResponse]
     """Asks a committed input again (a new input with `retryOf` and its blobs).
     The way out of a park that asks the failed input again.
@@ -97,7 +100,10 @@ class SessionServiceAsyncStub(SessionServiceStub):
     partials, status changes and a drain notice, which carry no seq.
     """
     Cancel: _aio.UnaryUnaryMultiCallable[_sessions_pb2.CancelRequest, _sessions_pb2.CancelResponse]  # type: ignore[assignment]
-    """Commits a cancel when something is running or owed."""
+    """Commits a cancel when something is running or owed; it settles every
+    input owed at that moment, and names them. A parked session runs again
+    to settle them.
+    """
     Retry: _aio.UnaryUnaryMultiCallable[_sessions_pb2.RetryRequest, _sessions_pb2.RetryResponse]  # type: ignore[assignment]
     """Asks a committed input again (a new input with `retryOf` and its blobs).
     The way out of a park that asks the failed input again.
@@ -176,7 +182,10 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _sessions_pb2.CancelRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_sessions_pb2.CancelResponse, _abc.Awaitable[_sessions_pb2.CancelResponse]]:
-        """Commits a cancel when something is running or owed."""
+        """Commits a cancel when something is running or owed; it settles every
+        input owed at that moment, and names them. A parked session runs again
+        to settle them.
+        """
 
     @_abc_1.abstractmethod
     def Retry(
