@@ -21,7 +21,7 @@ from typing import Annotated, Any, Final, TypeVar
 import msgspec
 
 from edge.errors import BadRequest, shown
-from services.ledger.facts import MAX_APPROVAL_NOTE_CHARS
+from services.ledger.facts import MAX_APPROVAL_NOTE_CHARS, Multitask
 
 MAX_INT64: Final = (1 << 63) - 1
 MAX_TEXT_CHARS: Final = 256 * 1024
@@ -46,6 +46,8 @@ class InputBody(Body, frozen=True):
     text: Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
     request_id: str | None = None
     blobs: Annotated[list[str], msgspec.Meta(max_length=MAX_BLOBS_PER_INPUT)] | None = None
+    # The double-texting strategy (edge/multitask.py); None: the tenant's.
+    multitask: Multitask | None = None
 
 
 class RetryBody(Body, frozen=True):

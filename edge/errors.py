@@ -9,7 +9,8 @@ with the right 4xx; a 500 is a bug::
      │    └── SessionNotVisible  (ErrorInfo reason SESSION_NOT_FOUND)
      ├── MethodNotAllowed    405  method_not_allowed
      ├── Conflict            409  conflict  (request id reuse, wrong blob offset)
-     │    └── NotParked      409  not_parked  (a skip of a session that is not parked)
+     │    ├── NotParked      409  not_parked  (a skip of a session that is not parked)
+     │    └── Busy           409  session_busy  (a `reject` input while work is owed)
      ├── PreconditionFailed  412  precondition_failed  (If-Match: another revision)
      ├── RequestTimeout      408  request_timeout  (a body that stalled)
      ├── PayloadTooLarge     413  payload_too_large
@@ -138,6 +139,14 @@ class NotParked(Conflict):
     code = "not_parked"
     grpc_code = grpc.StatusCode.FAILED_PRECONDITION
     reason = "SESSION_NOT_PARKED"
+
+
+class Busy(Conflict):
+    """An input sent with `multitask: reject` while the session owes work."""
+
+    code = "session_busy"
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "SESSION_BUSY"
 
 
 class PreconditionFailed(EdgeError):

@@ -36,6 +36,7 @@ from edge.errors import (
     shown,
 )
 from edge.fanout import FanoutHub
+from edge.multitask import TenantDefaults
 from edge.session_status import AWAITING_APPROVAL, PARKED, SessionStatus
 from kernel import KernelClient, RuntimeInfo
 from kernel.domain import DrainMode
@@ -133,6 +134,11 @@ class Gateway:
         self._runners: dict[str, RunnerClient] = {}
         self._addresses: dict[str, str] = {}
         self._tenants: dict[str, str] = {}
+        # Each tenant's default double-texting strategy (edge/multitask.py).
+        self.multitask_defaults = TenantDefaults(self._loadout_document)
+
+    async def _loadout_document(self, tenant_id: str) -> dict[str, object]:
+        return dict((await self.kernel.get_loadout(tenant_id)).document)
 
     def start_draining(self, mode: DrainMode = DrainMode.SHUTDOWN) -> None:
         """Stop serving streams: every SSE client gets `drain` and reconnects.

@@ -215,6 +215,8 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             body["requestId"] = request.request_id
         if request.blob_ids:
             body["blobs"] = list(request.blob_ids)
+        if request.multitask:
+            body["multitask"] = request.multitask
         committed = await inputs.commit_input(self._gateway, caller, session_id, body)
         return pb.SendInputResponse(**_committed(committed))
 

@@ -20,14 +20,16 @@ from typing import Any
 from edge import bodies
 from edge.auth import Caller
 from edge.bodies import InputBody, RetryBody
-from edge.errors import BadRequest, NotParked, Unavailable, shown
+from edge.errors import BadRequest, Busy, NotParked, Unavailable, shown
 from edge.gateway import Gateway
+from edge.multitask import ENQUEUE, REJECT, ROLLBACK
 from services.blobs import is_blob_id
 from services.common import tracing
 from services.common.errors import KeelError
 from services.common.outage_log import OutageLog
-from services.ledger.errors import InvalidFact
-from services.ledger.facts import CANCELLED, INPUT, INPUTS_SKIPPED
+from services.ledger import Appended, FactToAppend
+from services.ledger.errors import InvalidFact, SessionBusy
+from services.ledger.facts import CANCELLED, INPUT, INPUTS_SKIPPED, Multitask
 from services.ledger.packed_facts import pack_input
 
 log = logging.getLogger(__name__)
@@ -94,10 +96,15 @@ async def commit_input(
     data: dict[str, Any] = {"text": body.text, "requestId": request_id}
     if body.blobs is not None:
         data["blobs"] = await _complete_blobs(gateway, caller, body.blobs)
+    mode = body.multitask or await gateway.multitask_defaults.of(caller.tenant_id)
+    if mode != ENQUEUE:
+        data["multitask"] = mode
     # A parked session stays parked: the input is owed, and it is not
     # batched with the inputs the session failed on (a skip, a retry or a
     # cancel is the way on).
-    return await _append_input(gateway, caller, session_id, data, retry_safe, unpark=False)
+    return await _append_input(
+        gateway, caller, session_id, data, retry_safe, unpark=False, mode=mode
+    )
 
 
 async def _complete_blobs(gateway: Gateway, caller: Caller, blobs: list[str]) -> list[str]:
@@ -150,6 +157,7 @@ async def _append_input(
     retry_safe: bool,
     *,
     unpark: bool,
+    mode: Multitask = ENQUEUE,
 ) -> Committed:
     # Everything is validated before this append (the edge's ids are a
     # subset of what the ledger and the kernel accept): once it commits, the
@@ -160,8 +168,8 @@ async def _append_input(
     if traceparent is not None:
         # The turn's trace goes on in whichever runner answers this input.
         data[tracing.TRACEPARENT] = traceparent
-    appended = await gateway.ledger.append_one(session_id, INPUT, data)
     request_id = data["requestId"]
+    appended = await _commit(gateway, session_id, data, mode)
     # The input as committed, for a runner that keeps the session (it then
     # reads nothing before its turn); a duplicate's committed data may be
     # another request's, so it is read as usual.
@@ -198,6 +206,27 @@ class Cancelled:
 
     def to_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "cancelled": True, "inputSeqs": list(self.input_seqs)}
+
+
+async def _commit(
+    gateway: Gateway, session_id: str, data: dict[str, Any], mode: Multitask
+) -> Appended:
+    """The input's append, as its strategy asks (edge/multitask.py)."""
+    ledger = gateway.ledger
+    the_input = FactToAppend(INPUT, data)
+    try:
+        if mode == REJECT:
+            return (await ledger.append(session_id, [the_input], only_if_idle=True))[0]
+        if mode == ROLLBACK:
+            # One append: the cancel withdraws every input owed before it,
+            # never this one, and a retried request commits neither again.
+            withdraw = FactToAppend(
+                CANCELLED, {"reason": "rollback", "requestId": data["requestId"]}
+            )
+            return (await ledger.append(session_id, [withdraw, the_input]))[1]
+    except SessionBusy:
+        raise Busy("the session is busy answering; nothing was committed") from None
+    return await ledger.append_one(session_id, INPUT, data)
 
 
 async def cancel(gateway: Gateway, caller: Caller, session_id: str) -> Cancelled | None:

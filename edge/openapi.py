@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from edge.session_status import SESSION_STATUSES
+from services.ledger.facts import MULTITASK_MODES
 
 Schema = dict[str, Any]
 
@@ -212,6 +213,14 @@ _SCHEMAS: dict[str, Schema] = {
             "text": {"type": "string", "maxLength": 256 * 1024},
             "requestId": _REQUEST_ID_SCHEMA,
             "blobs": {"type": "array", "items": _STRING, "description": "complete blobs' ids"},
+            "multitask": {
+                "enum": list(MULTITASK_MODES),
+                "description": "what this input asks of work under way: enqueue (answered "
+                "next), reject (409 session_busy while work is owed; nothing committed), "
+                "interrupt (the running attempt stops; the next answers every owed input), "
+                "rollback (the owed inputs are withdrawn; only this one is answered). "
+                "Absent: the tenant's loadout `multitask`, else enqueue",
+            },
         },
     ),
     "Retry": _object(["seq"], {"seq": _SEQ, "requestId": _REQUEST_ID_SCHEMA}),
@@ -577,7 +586,10 @@ _PATHS: dict[str, Schema] = {
                 "202": _json(_ref("Committed"), "Committed"),
                 "200": _json(_ref("Committed"), "Already committed with this requestId"),
                 "404": _error("No such session, or no such blob"),
-                "409": _error("The requestId was used for another input"),
+                "409": _error(
+                    "The requestId was used for another input, or (multitask reject) the "
+                    "session is busy (session_busy)"
+                ),
                 **_BAD,
                 **_TOO_LARGE,
                 **_AUTHENTICATED,

@@ -117,12 +117,19 @@ class AsyncKeelClient:
         text: str,
         request_id: str | None = None,
         blob_ids: Sequence[str] = (),
+        multitask: str | None = None,
     ) -> Input:
         """Commits an input. With a `request_id` the call is safe to repeat:
         the same id and body give the same seq (`duplicate=True`); the same
-        id with another body raises `IdempotencyConflict`."""
+        id with another body raises `IdempotencyConflict`. `multitask` says
+        what it asks of work under way ("enqueue", "reject" — `SessionBusy`
+        while work is owed —, "interrupt", "rollback"; None: the tenant's)."""
         request = pb.SendInputRequest(
-            session_id=session_id, text=text, request_id=request_id or "", blob_ids=list(blob_ids)
+            session_id=session_id,
+            text=text,
+            request_id=request_id or "",
+            blob_ids=list(blob_ids),
+            multitask=multitask or "",
         )
         return Input.from_pb(await self._call(self._stub.SendInput, request))
 

@@ -14,6 +14,7 @@
      │    ├── RevisionMismatch        put_loadout's expected_revision is stale
      │    ├── ApprovalNotPending      no such tool call waits for a decision
  │    ├── SessionNotParked        skip_inputs of a session not parked on an input
+ │    ├── SessionBusy             a "reject" input while the session owes work
      │    └── ApprovalAlreadyDecided  decided before: the first decision stands
      │                                (`.metadata` has its `seq` and `approve`)
      ├── PayloadTooLarge
@@ -143,6 +144,10 @@ class ApprovalNotPending(Conflict):
 
 class SessionNotParked(Conflict):
     reasons = ("SESSION_NOT_PARKED",)
+
+
+class SessionBusy(Conflict):
+    reasons = ("SESSION_BUSY",)
 
 
 class ApprovalAlreadyDecided(Conflict):

@@ -186,8 +186,11 @@ class KeelClient(_ClosedOnExit):
         text: str,
         request_id: str | None = None,
         blob_ids: Sequence[str] = (),
+        multitask: str | None = None,
     ) -> Input:
-        return self._loop.run(self._client.send_input(session_id, text, request_id, blob_ids))
+        return self._loop.run(
+            self._client.send_input(session_id, text, request_id, blob_ids, multitask)
+        )
 
     def cancel(self, session_id: str) -> Cancellation:
         return self._loop.run(self._client.cancel(session_id))

@@ -60,6 +60,7 @@ from kernel.loadout_fields import (
     string,
     threshold,
 )
+from services.ledger.facts import MULTITASK_MODES
 
 PROVIDERS = ("openai", "anthropic", "scripted")
 # The runner's built-in tools (agent_io.tools.builtin_tools).
@@ -316,6 +317,8 @@ _TOP_LEVEL: dict[str, Check] = {
     "tools": _tools,
     # Older documents set the admission limit at the top level.
     "maxConcurrentRuns": positive,
+    # The tenant's double-texting strategy for inputs that name none.
+    "multitask": one_of(MULTITASK_MODES),
 }
 
 

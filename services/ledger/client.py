@@ -40,11 +40,14 @@ class SessionPage:
     next_after: str
 
 
-def _append_request(session_id: str, facts: Sequence[FactToAppend], epoch: int) -> pb.AppendRequest:
+def _append_request(
+    session_id: str, facts: Sequence[FactToAppend], epoch: int, only_if_idle: bool = False
+) -> pb.AppendRequest:
     return pb.AppendRequest(
         session_id=session_id,
         epoch=epoch,
         facts=[new_fact_to_pb(f.kind, f.data) for f in facts],
+        only_if_idle=only_if_idle,
     )
 
 
@@ -81,14 +84,21 @@ class LedgerClient:
         return response.created
 
     async def append(
-        self, session_id: str, facts: Sequence[FactToAppend], epoch: int = 0
+        self,
+        session_id: str,
+        facts: Sequence[FactToAppend],
+        epoch: int = 0,
+        *,
+        only_if_idle: bool = False,
     ) -> list[Appended]:
-        """Appends `facts` atomically over the client's AppendStream.
+        """Appends `facts` atomically over the client's AppendStream;
+        `only_if_idle`: only while the session owes nothing (SessionBusy).
 
         Raises what the unary `Append` would (StaleEpoch, InvalidFact, …);
         ServiceUnavailable when the stream failed before the answer came, in
         which case the append may or may not have committed."""
-        response = await self._appends.append(_append_request(session_id, facts, epoch))
+        request = _append_request(session_id, facts, epoch, only_if_idle)
+        response = await self._appends.append(request)
         return [Appended(r.seq, r.duplicate) for r in response.results]
 
     async def append_unary(

@@ -27,6 +27,7 @@ from services.ledger.errors import (
     ApprovalNotPending,
     IdempotencyConflict,
     InvalidFact,
+    SessionBusy,
     StaleEpoch,
     UnknownToolCall,
 )
@@ -90,6 +91,8 @@ class SessionStream(BaseAggregate[str]):
         self.parked_reason = ""
         # Dedup indexes: request id -> (seq, body fingerprint), etc.
         self.requests: dict[str, tuple[int, str]] = {}
+        # A rollback's input request id -> the seq of the cancel made for it.
+        self.rollbacks: dict[str, int] = {}
         self.generations: dict[str, int] = {}
         self.tool_calls: dict[str, OpenToolCall] = {}
         self.tool_results: dict[str, int] = {}
@@ -136,6 +139,8 @@ class SessionStream(BaseAggregate[str]):
             self.latest_compaction_seq = seq
         elif kind == F.CANCELLED:
             self.latest_cancel_seq = seq
+            if data.get("requestId") is not None:
+                self.rollbacks[data["requestId"]] = seq
         elif kind == F.SESSION_PARKED:
             self.parked_at = seq
             self.parked_on = tuple(data.get("inputSeqs") or ())
@@ -147,13 +152,22 @@ class SessionStream(BaseAggregate[str]):
 
     # -- deciding --
 
-    def record(self, new_facts: Sequence[F.NewFact], epoch: int) -> list[Appended]:
+    def record(
+        self, new_facts: Sequence[F.NewFact], epoch: int, only_if_idle: bool = False
+    ) -> list[Appended]:
         """Appends `new_facts` in order, or raises without deciding the rest.
 
         Raises before any event is triggered when the writer is fenced off, so
-        a stale writer never leaves a partial trace on the aggregate.
+        a stale writer never leaves a partial trace on the aggregate; and, with
+        `only_if_idle`, when the session owes work (SessionBusy).
         """
         self._check_fence(new_facts, epoch)
+        if only_if_idle and (self.owed_inputs or self.open_calls):
+            owed = ", ".join(str(s) for s in self.owed_inputs) or "none"
+            raise SessionBusy(
+                f"the session is busy (owed inputs: {owed}; open tool calls: "
+                f"{len(self.open_calls)}): nothing was committed",
+            )
         return [self._record_one(fact, epoch) for fact in new_facts]
 
     def _check_fence(self, new_facts: Iterable[F.NewFact], epoch: int) -> None:
@@ -228,6 +242,14 @@ class SessionStream(BaseAggregate[str]):
                 return Appended(existing, True)
         elif fact.kind == F.APPROVAL:
             self._check_decision(data["toolCallId"])
+        elif fact.kind == F.CANCELLED and data.get("requestId") is not None:
+            # A retried rollback: its cancel was made (or its input came
+            # another way) already; withdrawing again would withdraw more.
+            request_id = data["requestId"]
+            if request_id in self.rollbacks:
+                return Appended(self.rollbacks[request_id], True)
+            if request_id in self.requests:
+                return Appended(self.requests[request_id][0], True)
         elif fact.kind == F.INPUTS_SKIPPED:
             for seq in data["inputSeqs"]:
                 if seq not in self.owed_inputs:

@@ -9,6 +9,7 @@ LedgerError
  ├── InvalidId              INVALID_ARGUMENT     INVALID_ID
  ├── InvalidSettlement      INVALID_ARGUMENT     INVALID_SETTLEMENT
  ├── StaleEpoch             FAILED_PRECONDITION  STALE_EPOCH
+ ├── SessionBusy            FAILED_PRECONDITION  SESSION_BUSY
  ├── IdempotencyConflict    ALREADY_EXISTS       IDEMPOTENCY_CONFLICT
  ├── UnknownToolCall        FAILED_PRECONDITION  UNKNOWN_TOOL_CALL
  ├── ApprovalNotPending     FAILED_PRECONDITION  APPROVAL_NOT_PENDING
@@ -74,6 +75,14 @@ class StaleEpoch(LedgerError):
 
     code = grpc.StatusCode.FAILED_PRECONDITION
     reason = "STALE_EPOCH"
+
+
+class SessionBusy(LedgerError):
+    """An append asked to commit only while the session owes nothing (a
+    `reject` input) found work owed."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "SESSION_BUSY"
 
 
 class IdempotencyConflict(LedgerError):

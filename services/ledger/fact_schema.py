@@ -15,7 +15,7 @@ these structs only judge it.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -53,6 +53,9 @@ class InputData(FactData, frozen=True):
     request_id: str
     retry_of: PositiveInt | None = None
     blobs: list[str] | None = None
+    # What was asked of work already under way when it came (the edge's
+    # `multitask`); absent for the default, `enqueue`.
+    multitask: Literal["enqueue", "reject", "interrupt", "rollback"] | None = None
 
     def __post_init__(self) -> None:
         check_id(self.request_id, "requestId")
@@ -138,7 +141,14 @@ class AttemptFailedData(FactData, frozen=True):
 
 
 class CancelledData(FactData, frozen=True):
-    pass
+    reason: str | None = None
+    # A rollback's cancel names the input committed with it: a retried
+    # rollback (that input known already) commits no second cancel.
+    request_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.request_id is not None:
+            check_id(self.request_id, "requestId")
 
 
 class SessionParkedData(FactData, frozen=True):

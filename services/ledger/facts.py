@@ -34,6 +34,14 @@ COMPACTION_FAILED: Final = "compaction_failed"
 # A tool call that waits for a person's decision, and that decision.
 APPROVAL_REQUESTED: Final = "approval_requested"
 APPROVAL: Final = "approval"
+# What an input asks of work already under way when it arrives (the
+# edge's `multitask`): `enqueue` it (answered next), `reject` it while work
+# is owed, `interrupt` the running attempt (the next one answers the earlier
+# inputs and this one together), or `rollback` (the earlier inputs are
+# withdrawn by a cancel committed with this input: only it is answered).
+Multitask: TypeAlias = Literal["enqueue", "reject", "interrupt", "rollback"]
+MULTITASK_MODES: Final[tuple[Multitask, ...]] = ("enqueue", "reject", "interrupt", "rollback")
+INTERRUPT: Final = "interrupt"
 # The inputs a parked session failed on, settled without an answer at a
 # person's request (POST …/skip): the model sees a short note instead.
 INPUTS_SKIPPED: Final = "inputs_skipped"

@@ -54,6 +54,8 @@ class PendingAppend:
     epoch: int
     # The attempt's Finish to settle in the same transaction, if it can be.
     settlement: Settlement | None = None
+    # Commit only while the session owes nothing (SessionBusy otherwise).
+    only_if_idle: bool = False
     future: concurrent.futures.Future[list[Appended]] = field(
         default_factory=concurrent.futures.Future
     )
@@ -234,7 +236,7 @@ class GroupCommit(StreamCache):
         stream: SessionStream | None = None
         try:
             stream = self._load(pending.session_id)
-            results = stream.record(pending.new_facts, pending.epoch)
+            results = stream.record(pending.new_facts, pending.epoch, pending.only_if_idle)
         except LedgerError as error:
             if stream is not None and stream.pending_events:
                 # A later fact of the request was refused after earlier ones

@@ -192,7 +192,7 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
             F.parse_fact(f.kind, f.data_json, self._settings.max_fact_bytes) for f in request.facts
         ]
         pending = self._store.submit_async(
-            session_id, new_facts, request.epoch, settlement_of(request)
+            session_id, new_facts, request.epoch, settlement_of(request), request.only_if_idle
         )
         outcome = pending.aio_future
         assert outcome is not None

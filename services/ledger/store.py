@@ -138,12 +138,14 @@ class LedgerStore(GroupCommit):
         new_facts: Sequence[F.NewFact],
         epoch: int,
         settle: Settlement | None = None,
+        only_if_idle: bool = False,
     ) -> PendingAppend:
         """Like submit(), for a caller on the running event loop: the
         outcome is the returned append's `aio_future`. With `settle`, the
         append's transaction may settle the attempt's lease too
-        (`sticky_until_ms`, set when the outcome is)."""
-        pending = PendingAppend(session_id, new_facts, epoch, settle)
+        (`sticky_until_ms`, set when the outcome is). `only_if_idle`: commit
+        only while the session owes nothing (SessionBusy otherwise)."""
+        pending = PendingAppend(session_id, new_facts, epoch, settle, only_if_idle)
         pending.aio_future = asyncio.get_running_loop().create_future()
         self._queue.put(pending)
         return pending

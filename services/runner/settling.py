@@ -23,7 +23,7 @@ from kernel import KernelClient
 from kernel.domain import FailureKind
 from services.common import faults, tracing
 from services.common.errors import ServiceUnavailable
-from services.ledger.facts import ATTEMPT_FAILED, CANCELLED, SESSION_PARKED
+from services.ledger.facts import ATTEMPT_FAILED, CANCELLED, INPUT, INTERRUPT, SESSION_PARKED
 from services.runner import metrics as runner_metrics
 from services.runner import transcript as T
 from services.runner.attempt import Attempt, Fenced, HandoffStop, renew_until_lost
@@ -272,6 +272,14 @@ async def drive(attempt: Attempt) -> None:
             if work in done or work.done():
                 work.result()
                 return
+            if watch.result():
+                # An input asked to interrupt: the current step stops, what
+                # was committed stays, and the attempt ends here. Its Finish
+                # sees the newer input, so the next turn (the lease held on,
+                # or claimed again) answers the earlier inputs and this one
+                # together.
+                log.info("attempt on %s interrupted by a new input", attempt.session_id)
+                return
         finally:
             await cancel_and_wait([work, watch])
         # A client cancelled: the current generation or tool batch has been
@@ -279,7 +287,8 @@ async def drive(attempt: Attempt) -> None:
         await attempt.refresh()
 
 
-async def _cancel_arrives(attempt: Attempt, seen_cancel: int) -> None:
+async def _cancel_arrives(attempt: Attempt, seen_cancel: int) -> bool:
+    """Waits for a cancel (False) or an input that interrupts (True)."""
     after = attempt.facts[-1].seq if attempt.facts else 0
     # Most attempts are over before this: they never open a subscription (a
     # ledger stream, reads on every commit). Nothing is missed by waiting,
@@ -288,4 +297,7 @@ async def _cancel_arrives(attempt: Attempt, seen_cancel: int) -> None:
     await asyncio.sleep(CANCEL_WATCH_DELAY_S)
     async for fact in attempt.services.ledger.subscribe(attempt.session_id, after):
         if fact.kind == CANCELLED and fact.seq > seen_cancel:
-            return
+            return False
+        if fact.kind == INPUT and fact.data.get("multitask") == INTERRUPT:
+            return True
+    return False

@@ -35,6 +35,7 @@ from keel_client import (
     RevisionMismatch,
     SeqOutOfRange,
     Session,
+    SessionBusy,
     SessionExists,
     SessionNotFound,
     SessionNotParked,
@@ -163,6 +164,11 @@ async def test_each_refusal_raises_the_class_of_its_reason(
     with pytest.raises(InvalidArgument) as not_an_input:
         await keel.retry(session, 1, request_id="errors-r3")
     assert not_an_input.value.field == "seq"
+
+    # Nothing answers here: "first" is owed, so a rejectable input is refused.
+    with pytest.raises(SessionBusy) as busy:
+        await keel.send_input(session, "are you there?", request_id="errors-r4", multitask="reject")
+    assert busy.value.reason == "SESSION_BUSY"
 
     with pytest.raises(SessionNotParked) as not_parked:
         await keel.skip_inputs(session)

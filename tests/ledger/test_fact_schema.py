@@ -198,7 +198,11 @@ tool_calls = st.lists(
 SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "input": (
         {"text": st.text(), "requestId": ids},
-        {"retryOf": st.none() | positive, "blobs": st.none() | st.lists(st.text(max_size=20))},
+        {
+            "retryOf": st.none() | positive,
+            "blobs": st.none() | st.lists(st.text(max_size=20)),
+            "multitask": st.none() | st.sampled_from(F.MULTITASK_MODES),
+        },
     ),
     "epoch_started": (
         {
@@ -225,7 +229,7 @@ SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     ),
     "compaction": ({"summary": st.text(), "firstKept": positive}, {}),
     "attempt_failed": ({"error": st.text()}, {}),
-    "cancelled": ({}, {}),
+    "cancelled": ({}, {"reason": st.none() | st.text(), "requestId": st.none() | ids}),
     "session_parked": (
         {"reason": st.text()},
         {"inputSeqs": st.none() | st.lists(positive, max_size=4)},

@@ -90,7 +90,9 @@ class FrontDoor(Protocol):
 
     async def close(self) -> None: ...
     async def create_session(self, session_id: str | None = None) -> str: ...
-    async def send_input(self, session: str, text: str, request_id: str | None = None) -> Sent: ...
+    async def send_input(
+        self, session: str, text: str, request_id: str | None = None, multitask: str | None = None
+    ) -> Sent: ...
     async def events(self, session: str, after: int) -> EventStream:
         """An open stream of facts after `after` (refusals raise here)."""
 
@@ -196,10 +198,14 @@ class HttpDoor:
         body = response.json()
         return Sent(body["seq"], response.status_code == 200, body["requestId"])
 
-    async def send_input(self, session: str, text: str, request_id: str | None = None) -> Sent:
+    async def send_input(
+        self, session: str, text: str, request_id: str | None = None, multitask: str | None = None
+    ) -> Sent:
         body: dict[str, Any] = {"text": text}
         if request_id is not None:
             body["requestId"] = request_id
+        if multitask is not None:
+            body["multitask"] = multitask
         return self._sent(await self._call("POST", f"/v1/sessions/{session}/inputs", json=body))
 
     async def retry(self, session: str, seq: int, request_id: str | None = None) -> Sent:
@@ -347,8 +353,12 @@ class GrpcDoor:
         created: str = (await self._call(self._stub.CreateSession, request)).session_id
         return created
 
-    async def send_input(self, session: str, text: str, request_id: str | None = None) -> Sent:
-        request = pb.SendInputRequest(session_id=session, text=text, request_id=request_id or "")
+    async def send_input(
+        self, session: str, text: str, request_id: str | None = None, multitask: str | None = None
+    ) -> Sent:
+        request = pb.SendInputRequest(
+            session_id=session, text=text, request_id=request_id or "", multitask=multitask or ""
+        )
         sent = await self._call(self._stub.SendInput, request)
         return Sent(sent.seq, sent.duplicate, sent.request_id)
 

@@ -145,9 +145,16 @@ class AppendRequest(_message.Message):
     FACTS_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     SETTLE_FIELD_NUMBER: _builtins.int
+    ONLY_IF_IDLE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     epoch: _builtins.int
     """0 for client writes; a runner's claim epoch otherwise."""
+    only_if_idle: _builtins.bool
+    """Commit only while the session owes nothing (no unanswered input, no tool
+    call without a result); else FAILED_PRECONDITION SESSION_BUSY and
+    nothing is committed. Decided with the append, so no input slips in
+    between a check and the write.
+    """
     @_builtins.property
     def facts(self) -> _containers.RepeatedCompositeFieldContainer[Global___NewFact]: ...
     @_builtins.property
@@ -163,10 +170,11 @@ class AppendRequest(_message.Message):
         facts: _abc.Iterable[Global___NewFact] | None = ...,
         epoch: _builtins.int = ...,
         settle: Global___TurnSettlement | None = ...,
+        only_if_idle: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["settle", b"settle"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "facts", b"facts", "session_id", b"session_id", "settle", b"settle"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "facts", b"facts", "only_if_idle", b"only_if_idle", "session_id", b"session_id", "settle", b"settle"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -240,10 +240,18 @@ class SendInputRequest(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     BLOB_IDS_FIELD_NUMBER: _builtins.int
+    MULTITASK_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     text: _builtins.str
     request_id: _builtins.str
     """Empty: the edge makes one, and the input is not retry-safe."""
+    multitask: _builtins.str
+    """What this input asks of work under way: "enqueue" (answered next),
+    "reject" (FAILED_PRECONDITION SESSION_BUSY while work is owed; nothing
+    committed), "interrupt" (the running attempt stops; the next answers
+    every owed input together), "rollback" (the owed inputs are withdrawn;
+    only this one is answered). Empty: the tenant's loadout `multitask`.
+    """
     @_builtins.property
     def blob_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -253,10 +261,11 @@ class SendInputRequest(_message.Message):
         text: _builtins.str = ...,
         request_id: _builtins.str = ...,
         blob_ids: _abc.Iterable[_builtins.str] | None = ...,
+        multitask: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blob_ids", b"blob_ids", "request_id", b"request_id", "session_id", b"session_id", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blob_ids", b"blob_ids", "multitask", b"multitask", "request_id", b"request_id", "session_id", b"session_id", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
