@@ -186,6 +186,19 @@ def bench_rebuild(
     _print_json(measure(database_url, facts, runs), as_json)
 
 
+@bench_app.command("fork")
+def bench_fork(
+    database_url: DatabaseUrl = None,
+    as_json: JsonFlag = False,
+    facts: Annotated[int, typer.Option(min=2, help="facts in the parent session")] = 10_000,
+    runs: Annotated[int, typer.Option(min=3, help="measured forks")] = 5,
+) -> None:
+    """Forking a long session (rows copied by the database) against reading it."""
+    from bench.fork import measure
+
+    _print_json(measure(database_url, facts, runs), as_json)
+
+
 @bench_app.command("e2e")
 def bench_e2e(
     database_url: DatabaseUrl = None,

@@ -50,6 +50,18 @@ class InputBody(Body, frozen=True):
     multitask: Multitask | None = None
 
 
+class ForkBody(Body, frozen=True):
+    at: Seq
+    # The fork's id (a new one when absent).
+    id: str | None = None
+
+
+class EditBody(Body, frozen=True):
+    seq: Seq
+    text: Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
+    request_id: str | None = None
+
+
 class RetryBody(Body, frozen=True):
     seq: Seq
     request_id: str | None = None

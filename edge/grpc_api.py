@@ -44,7 +44,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from edge import admin_ops, approvals, inputs
+from edge import admin_ops, approvals, forks, inputs
 from edge.auth import Caller
 from edge.errors import BadRequest, EdgeError, from_service_error
 from edge.fanout import Drain
@@ -228,6 +228,29 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             body["requestId"] = request.request_id
         committed = await inputs.retry(self._gateway, caller, session_id, body)
         return pb.RetryResponse(**_committed(committed))
+
+    @_unary
+    async def ForkSession(
+        self, request: pb.ForkSessionRequest, context: Any
+    ) -> pb.ForkSessionResponse:
+        caller, session_id = await self._session(context, request.session_id)
+        body: dict[str, Any] = {"at": request.at_seq}
+        if request.new_session_id:
+            body["id"] = request.new_session_id
+        forked = await forks.fork(self._gateway, caller, session_id, body)
+        return pb.ForkSessionResponse(session_id=forked.session_id, head_seq=forked.head_seq)
+
+    @_unary
+    async def EditInput(self, request: pb.EditInputRequest, context: Any) -> pb.EditInputResponse:
+        caller, session_id = await self._session(context, request.session_id)
+        body: dict[str, Any] = {"seq": request.seq, "text": request.text}
+        if request.request_id:
+            body["requestId"] = request.request_id
+        forked = await forks.edit(self._gateway, caller, session_id, body)
+        assert forked.input is not None
+        return pb.EditInputResponse(
+            session_id=forked.session_id, input=pb.SendInputResponse(**_committed(forked.input))
+        )
 
     @_unary
     async def SkipInputs(

@@ -249,6 +249,33 @@ _SCHEMAS: dict[str, Schema] = {
         },
     ),
     "NothingToCancel": _object(["cancelled"], {"cancelled": {"const": False}}),
+    "Fork": _object(
+        ["at"],
+        {
+            "at": {"allOf": [_SEQ], "description": "the parent's last fact the fork keeps"},
+            "id": {
+                "allOf": [_SESSION_ID_SCHEMA],
+                "description": "the fork's id; absent: a new one",
+            },
+        },
+    ),
+    "Edit": _object(
+        ["seq", "text"],
+        {
+            "seq": {"allOf": [_SEQ], "description": "the input to edit"},
+            "text": {"type": "string", "maxLength": 256 * 1024},
+            "requestId": _REQUEST_ID_SCHEMA,
+        },
+    ),
+    "Forked": _object(
+        ["id", "forkedFrom", "headSeq"],
+        {
+            "id": _SESSION_ID_SCHEMA,
+            "forkedFrom": _object(["id", "seq"], {"id": _SESSION_ID_SCHEMA, "seq": _SEQ}),
+            "headSeq": {"allOf": [_SEQ], "description": "the fork's forked_from fact"},
+            "input": {"allOf": [_ref("Committed")], "description": "an edit's input"},
+        },
+    ),
     "Skipped": _object(
         ["seq", "skipped"],
         {
@@ -630,6 +657,41 @@ _PATHS: dict[str, Schema] = {
                 "200": _json(_ref("NothingToCancel"), "Nothing to cancel"),
                 **_BAD,
                 **_NO_SESSION,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/sessions/{id}/fork": {
+        "parameters": [_SESSION_ID],
+        "post": {
+            "operationId": "forkSession",
+            "summary": "A new session from this one's facts 1..at",
+            "description": "The fork's facts 1..at are the parent's (copied, seqs kept), then "
+            "`forked_from`; what a request built at any seq <= at shows is the same in both. "
+            "The parent is untouched; the fork goes on on its own.",
+            "requestBody": _body(_ref("Fork")),
+            "responses": {
+                "201": _json(_ref("Forked"), "Forked"),
+                "409": _error("A session with that id exists"),
+                **_BAD,
+                **_NO_SESSION,
+                **_TOO_LARGE,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/sessions/{id}/edit": {
+        "parameters": [_SESSION_ID],
+        "post": {
+            "operationId": "editInput",
+            "summary": "Edit and resend: a fork before an input, with the edited text",
+            "parameters": [_IDEMPOTENCY_KEY],
+            "requestBody": _body(_ref("Edit")),
+            "responses": {
+                "201": _json(_ref("Forked"), "Forked, the edited input committed in the fork"),
+                **_BAD,
+                **_NO_SESSION,
+                **_TOO_LARGE,
                 **_AUTHENTICATED,
             },
         },

@@ -139,6 +139,25 @@ class AsyncKeelClient:
             cancelled=response.cancelled, seq=response.seq, input_seqs=tuple(response.input_seqs)
         )
 
+    async def fork_session(self, session_id: str, at_seq: int, new_session_id: str = "") -> str:
+        """A new session whose history is this one's facts 1..`at_seq` (then
+        a `forked_from` fact); it goes on on its own. The fork's id."""
+        request = pb.ForkSessionRequest(
+            session_id=session_id, at_seq=at_seq, new_session_id=new_session_id
+        )
+        return (await self._call(self._stub.ForkSession, request)).session_id
+
+    async def edit_input(
+        self, session_id: str, seq: int, text: str, request_id: str | None = None
+    ) -> tuple[str, Input]:
+        """Edit and resend: a fork before input `seq` whose next input is
+        `text`. The fork's id and the edited input."""
+        request = pb.EditInputRequest(
+            session_id=session_id, seq=seq, text=text, request_id=request_id or ""
+        )
+        response = await self._call(self._stub.EditInput, request)
+        return response.session_id, Input.from_pb(response.input)
+
     async def skip_inputs(self, session_id: str) -> Skip:
         """Settles the inputs a parked session failed on (`Session.parked_on`),
         and only those: the model is told they were skipped and why, and the

@@ -195,6 +195,14 @@ class KeelClient(_ClosedOnExit):
     def cancel(self, session_id: str) -> Cancellation:
         return self._loop.run(self._client.cancel(session_id))
 
+    def fork_session(self, session_id: str, at_seq: int, new_session_id: str = "") -> str:
+        return self._loop.run(self._client.fork_session(session_id, at_seq, new_session_id))
+
+    def edit_input(
+        self, session_id: str, seq: int, text: str, request_id: str | None = None
+    ) -> tuple[str, Input]:
+        return self._loop.run(self._client.edit_input(session_id, seq, text, request_id))
+
     def skip_inputs(self, session_id: str) -> Skip:
         return self._loop.run(self._client.skip_inputs(session_id))
 

@@ -19,7 +19,8 @@ ledger must show:
 - `stale_epoch`: every runner fact written under the epoch of the latest
   `epoch_started` before it (the fence), so nothing from an older owner
   after a newer one took over;
-- `epoch_not_newer`: each `epoch_started` raises the fence.
+- `epoch_not_newer`: each `epoch_started` raises the fence (a fork's
+  `forked_from` lowers it to 0: the copied facts are its parent's epochs).
 
 Each rule is checked independently, so one planted bug is named once per
 place it shows rather than hidden behind the first failure.
@@ -200,6 +201,9 @@ def _epochs(session: str, facts: Sequence[Fact], settled: bool) -> list[Violatio
                     Violation(session, seq, EPOCH_NOT_NEWER, f"epoch {claimed} after epoch {fence}")
                 )
             fence = max(fence, claimed)
+        elif fact["kind"] == "forked_from":
+            # What came before is the parent's: the fork's epochs start anew.
+            fence = 0
         elif epoch != 0 and epoch != fence:
             # Epoch 0: a client's fact (input, cancel), written at any time.
             found.append(

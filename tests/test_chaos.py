@@ -85,6 +85,23 @@ def test_each_rule_is_caught_and_named_with_its_session_and_seq(rule: str) -> No
     assert duplicates(found) == (1 if rule in DUPLICATE_RULES else 0)
 
 
+def test_a_fork_starts_its_own_epochs_after_the_parents() -> None:
+    """A fork of the healthy session (epochs up to 3) at its end: its own
+    runner's epoch 1 comes after `forked_from`, and nothing is stale."""
+    facts = [
+        *healthy_session(),
+        fact(11, "forked_from", sessionId="parent", seq=10),
+        fact(12, "input", text="in the fork", requestId="r9"),
+        started(13, 1),
+        answer(14, 1, 12),
+    ]
+    assert check_session("s", facts) == []
+    without = [f for f in facts if f["kind"] != "forked_from"]
+    for seq, f in enumerate(without, start=1):
+        f["seq"] = seq
+    assert EPOCH_NOT_NEWER in [v.rule for v in check_session("s", without)]
+
+
 def test_a_skipped_input_is_settled_without_an_answer() -> None:
     """The last input (seq 8) failed and parked the session; a skip settles it."""
     facts = [

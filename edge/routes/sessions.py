@@ -7,9 +7,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge import inputs
+from edge import forks, inputs
 from edge.auth import Caller
-from edge.bodies import CreateSessionBody, InputBody, RetryBody
+from edge.bodies import CreateSessionBody, EditBody, ForkBody, InputBody, RetryBody
 from edge.errors import BadRequest
 from edge.gateway import DEFAULT_SESSION_PAGE, MAX_SESSION_PAGE
 from edge.http import (
@@ -77,6 +77,20 @@ async def cancel(request: Request, caller: Caller) -> Response:
     return JSONResponse(cancelled.to_json(), status_code=202)
 
 
+async def fork(request: Request, caller: Caller) -> Response:
+    body = await typed_body(request, ForkBody)
+    forked = await forks.fork(gateway_of(request), caller, session_id(request, caller), body)
+    return JSONResponse(forked.to_json(), status_code=201)
+
+
+async def edit(request: Request, caller: Caller) -> Response:
+    body = await typed_body(request, EditBody)
+    forked = await forks.edit(
+        gateway_of(request), caller, session_id(request, caller), body, idempotency_key(request)
+    )
+    return JSONResponse(forked.to_json(), status_code=201)
+
+
 async def skip(request: Request, caller: Caller) -> Response:
     skipped = await inputs.skip(gateway_of(request), caller, session_id(request, caller))
     return JSONResponse(skipped.to_json(), status_code=202)
@@ -134,6 +148,8 @@ routes: list[Route] = [
     api_route("/v1/sessions/{id}/retry", retry_input, ["POST"]),
     api_route("/v1/sessions/{id}/cancel", cancel, ["POST"]),
     api_route("/v1/sessions/{id}/skip", skip, ["POST"]),
+    api_route("/v1/sessions/{id}/fork", fork, ["POST"]),
+    api_route("/v1/sessions/{id}/edit", edit, ["POST"]),
     # EventSource cannot send headers: the one route taking ?access_token=.
     api_route(
         "/v1/sessions/{id}/events",

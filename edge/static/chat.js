@@ -63,6 +63,7 @@ const factView = {
   approvals: new Map(),
   parked: null,
   onRetry: retryInput,
+  onEdit: editInput,
   onSkip: skipFailed,
   onDecide: decideApproval,
 };
@@ -443,6 +444,24 @@ async function retryInput(seq) {
   try {
     await api("POST", sessionPath(state.sessionId, "/retry"), { seq });
     showNotice("");
+  } catch (error) {
+    reportError(error);
+  }
+}
+
+/** Edit and resend: the edited message goes to a new session forked just
+ *  before this one's message (POST …/edit), which the page then opens. */
+async function editInput(seq, text) {
+  const edited = window.prompt("Edit the message; it is sent in a new session forked before it", text);
+  if (edited === null || !edited.trim()) return;
+  try {
+    const forked = await api("POST", sessionPath(state.sessionId, "/edit"), {
+      seq,
+      text: edited.trim(),
+      requestId: newRequestId(),
+    });
+    await loadSessions();
+    selectSession(forked.id);
   } catch (error) {
     reportError(error);
   }

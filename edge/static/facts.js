@@ -22,11 +22,12 @@ export const FACT_KINDS = [
   "approval_requested",
   "approval",
   "inputs_skipped",
+  "forked_from",
 ];
 
 /** `view` holds what rendering needs from the chat: toolNames (id -> name),
  *  inputs (seq -> element), approvals (toolCallId -> approval card), parked
- *  (the latest park's card, or null), onRetry(seq), onSkip() and
+ *  (the latest park's card, or null), onRetry(seq), onEdit(seq, text), onSkip() and
  *  onDecide(toolCallId, approve, note) -> Promise. */
 export function renderFact(fact, view) {
   const data = fact.data;
@@ -53,6 +54,8 @@ export function renderFact(fact, view) {
       return h("div", { className: "notice" }, "Cancel requested");
     case "session_parked":
       return renderParked(fact, view);
+    case "forked_from":
+      return h("div", { className: "notice" }, `Forked from ${String(data.sessionId).split(":").pop()} at #${data.seq}`);
     case "inputs_skipped":
       for (const seq of data.inputSeqs || []) view.inputs.get(seq)?.classList.add("skipped");
       return h(
@@ -91,6 +94,16 @@ function renderInput(fact, view) {
         "button",
         { type: "button", className: "retry", title: "Ask this again", onclick: () => view.onRetry(fact.seq) },
         "Retry",
+      ),
+      h(
+        "button",
+        {
+          type: "button",
+          className: "edit",
+          title: "Edit and resend, in a new session forked just before this message",
+          onclick: () => view.onEdit(fact.seq, data.text),
+        },
+        "Edit",
       ),
     ),
     h("div", { className: "text" }, data.text),

@@ -25,6 +25,7 @@ const KIND_LABELS = {
   approval_requested: "asks approval",
   approval: "decision",
   inputs_skipped: "skipped",
+  forked_from: "forked",
 };
 
 function textOf(content) {
@@ -71,6 +72,8 @@ function describe(fact, toolNames) {
       const on = (data.inputSeqs || []).map((seq) => `#${seq}`).join(", ");
       return `${on ? `on ${on}: ` : ""}${data.reason ?? ""}`;
     }
+    case "forked_from":
+      return `from ${String(data.sessionId ?? "").split(":").pop()} at #${data.seq}`;
     case "inputs_skipped":
       return `${(data.inputSeqs || []).map((seq) => `#${seq}`).join(", ")}: ${data.reason ?? ""}`;
     case "compaction_failed":

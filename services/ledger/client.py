@@ -101,6 +101,15 @@ class LedgerClient:
         response = await self._appends.append(request)
         return [Appended(r.seq, r.duplicate) for r in response.results]
 
+    async def fork_session(self, parent_id: str, session_id: str, at_seq: int) -> int:
+        """Creates `session_id` from `parent_id`'s facts 1..`at_seq` and a
+        `forked_from` fact; returns the fork's head (at_seq + 1)."""
+        request = pb.ForkSessionRequest(
+            parent_session_id=parent_id, session_id=session_id, at_seq=at_seq
+        )
+        response = await unary(self._stub.ForkSession(request), LedgerError)
+        return response.head_seq
+
     async def append_unary(
         self, session_id: str, facts: Sequence[FactToAppend], epoch: int = 0
     ) -> list[Appended]:

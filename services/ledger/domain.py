@@ -145,12 +145,25 @@ class SessionStream(BaseAggregate[str]):
             self.parked_at = seq
             self.parked_on = tuple(data.get("inputSeqs") or ())
             self.parked_reason = str(data["reason"])
+        elif kind == F.FORKED_FROM:
+            # The copied facts are another session's history: this one's
+            # own runners start again at epoch 1.
+            self.fence_epoch = 0
         elif kind == F.INPUTS_SKIPPED:
             for input_seq in data["inputSeqs"]:
                 self.owed_inputs.pop(input_seq, None)
             self.last_unpark_seq = seq
 
     # -- deciding --
+
+    def copy_of(self, facts: Sequence[F.CommittedFact]) -> None:
+        """Records `facts` (another session's, after its creation fact) as
+        they are, as a fork's history. Nothing is checked:
+        they were decided when the parent committed them."""
+        for fact in facts:
+            self.trigger_event(
+                self.Recorded, kind=fact.kind, data=dict(fact.data), epoch=fact.epoch
+            )
 
     def record(
         self, new_facts: Sequence[F.NewFact], epoch: int, only_if_idle: bool = False
@@ -314,6 +327,20 @@ class SessionStream(BaseAggregate[str]):
                 if c in self.approval_requests and c not in self.decisions
             ),
         )
+
+
+def forked_from_event(session_id: str, seq: int, origin: dict[str, Any]) -> SessionStream.Recorded:
+    """A fork's `forked_from` at `seq`, made apart from its aggregate: the
+    facts before it are copied by the store, not triggered one by one."""
+    fields: dict[str, Any] = {
+        "originator_id": session_id,
+        "originator_version": seq,
+        "timestamp": SessionStream.Recorded.create_timestamp(),
+        "kind": F.FORKED_FROM,
+        "data": origin,
+        "epoch": 0,
+    }
+    return SessionStream.Recorded(**fields)
 
 
 def to_committed(session_id: str, event: Any) -> F.CommittedFact:

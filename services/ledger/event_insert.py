@@ -82,6 +82,18 @@ class BatchInsert:
             function=sql.Identifier(self._datastore.schema, turn_settlement.FUNCTION),
         )
         self._function = f"{self._datastore.schema}.{turn_settlement.SIGNATURE}"
+        self._fork_statement = sql.SQL(
+            "WITH own AS ("
+            " INSERT INTO {table} (originator_id, originator_version, topic, state)"
+            " SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::bytea[])"
+            " RETURNING 1),"
+            " copied AS ("
+            " INSERT INTO {table} (originator_id, originator_version, topic, state)"
+            " SELECT %s, originator_version, topic, state FROM {table}"
+            " WHERE originator_id = %s AND originator_version BETWEEN 2 AND %s"
+            " RETURNING 1)"
+            " SELECT pg_notify(%s, %s)"
+        ).format(table=table)
         self._can_settle = False
         self._looked_at = -SETTLEMENT_RECHECK_S
 
@@ -124,6 +136,28 @@ class BatchInsert:
             for row in settled
             if row["settled_session"] is not None
         }
+
+    def put_fork(self, events: Sequence[Any], parent_id: str, fork_id: str, at_seq: int) -> None:
+        """Inserts a fork's own `events` (its creation and `forked_from`) and,
+        in the same statement, copies the parent's stored events 2..`at_seq`
+        under the fork's id, on the server: a stored event's state holds no
+        originator id or version (they are columns), so the rows copy as
+        they are, timestamps included, without a round trip through Python."""
+        stored = [self._mapper.to_stored_event(event) for event in events]
+        self._execute(
+            self._fork_statement,
+            (
+                [str(s.originator_id) for s in stored],
+                [s.originator_version for s in stored],
+                [s.topic for s in stored],
+                [s.state for s in stored],
+                fork_id,
+                parent_id,
+                at_seq,
+                self._channel,
+                fork_id,
+            ),
+        )
 
     def _settlement_exists(self) -> bool:
         if self._can_settle:

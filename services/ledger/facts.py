@@ -45,6 +45,9 @@ INTERRUPT: Final = "interrupt"
 # The inputs a parked session failed on, settled without an answer at a
 # person's request (POST …/skip): the model sees a short note instead.
 INPUTS_SKIPPED: Final = "inputs_skipped"
+# The first fact of a fork's own, after the parent's facts it copied: which
+# session and seq it was forked from. Written by the ledger (ForkSession).
+FORKED_FROM: Final = "forked_from"
 # Every kind above: the type of a kind a writer names.
 FactKind: TypeAlias = Literal[
     "session_created",
@@ -60,6 +63,7 @@ FactKind: TypeAlias = Literal[
     "approval_requested",
     "approval",
     "inputs_skipped",
+    "forked_from",
 ]
 
 # Clients (through the edge) write these without an epoch, at any time.

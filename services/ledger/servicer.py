@@ -175,6 +175,19 @@ class LedgerServicer(pb_grpc.LedgerServiceServicer):
         created = await asyncio.to_thread(self._store.create_session, session_id, tenant_id)
         return pb.CreateSessionResponse(session_id=session_id, created=created)
 
+    @unary_errors
+    async def ForkSession(
+        self, request: pb.ForkSessionRequest, context: Context
+    ) -> pb.ForkSessionResponse:
+        parent_id = F.check_id(request.parent_session_id, "parent_session_id")
+        session_id = F.check_id(request.session_id, "session_id")
+        if request.at_seq < 1:
+            raise InvalidCursor(f"at_seq must be >= 1, got {request.at_seq}", field="at")
+        head = await asyncio.to_thread(
+            self._store.fork_session, parent_id, session_id, request.at_seq
+        )
+        return pb.ForkSessionResponse(head_seq=head)
+
     def submit_append(self, request: pb.AppendRequest) -> PendingAppend:
         """Validates an append and queues it for the writer: the one way in
         for `Append` and `AppendStream` alike. Raises what it refuses before

@@ -23,6 +23,7 @@ from typing import Any
 
 from eventsourcing.persistence import IntegrityError, PersistenceError
 
+from services.common import hops
 from services.common.config import Settings
 from services.common.errors import ServiceUnavailable
 from services.common.pg_pool import OutageGate, answers
@@ -36,13 +37,16 @@ from services.ledger.backend import (
     list_originators,
     prepare_backend,
 )
-from services.ledger.domain import SessionStream
-from services.ledger.errors import SessionExists, SessionNotFound
+from services.ledger.domain import SessionStream, forked_from_event
+from services.ledger.errors import InvalidCursor, SessionExists, SessionNotFound
 from services.ledger.event_insert import BatchInsert
 from services.ledger.group_commit import STOP, GroupCommit, OnCommit, OnFacts, PendingAppend
 from services.ledger.packed_facts import PackedFact, pack
 from services.ledger.stored_facts import FactReader, pack_rows
 from services.ledger.views import Appended, SessionView, Settlement
+
+# Facts read per page while copying a parent's history into a fork.
+FORK_PAGE = 1000
 
 
 class LedgerStore(GroupCommit):
@@ -123,6 +127,46 @@ class LedgerStore(GroupCommit):
             self._remember(stream)
         self._on_commit((session_id,))
         return True
+
+    def fork_session(self, parent_id: str, session_id: str, at_seq: int) -> int:
+        """Creates `session_id` with `parent_id`'s facts 2..`at_seq` after its
+        own creation fact, then `forked_from`; returns its head. One
+        transaction: the fork exists whole or not at all. On PostgreSQL the
+        parent's rows are copied by the server (services/ledger/event_insert.py);
+        on SQLite through the aggregate, as any write."""
+        with self._reading(), self._lock:
+            parent = self._load(parent_id)
+            if at_seq > parent.version:
+                raise InvalidCursor(
+                    f"seq {at_seq} is past the head {parent.version} of the session", field="at"
+                )
+            stream = SessionStream(session_id=session_id, tenant_id=parent.tenant_id)
+            origin = {"sessionId": parent_id, "seq": at_seq}
+            try:
+                if self._batch_insert is not None:
+                    marker = forked_from_event(session_id, at_seq + 1, origin)
+                    events = [*stream.collect_events(), marker]
+                    self._batch_insert.put_fork(events, parent_id, session_id, at_seq)
+                    hops.committed("ledger")
+                else:
+                    copied = self._copied(parent_id, at_seq)
+                    stream.copy_of(copied)
+                    forked = F.CommittedFact(session_id, at_seq + 1, F.FORKED_FROM, origin, 0, 0)
+                    stream.copy_of([forked])
+                    self._save([stream])
+                    self._remember(stream)
+            except IntegrityError:
+                raise SessionExists(f"session {session_id!r} exists") from None
+        self._on_commit((session_id,))
+        return at_seq + 1
+
+    def _copied(self, parent_id: str, at_seq: int) -> list[F.CommittedFact]:
+        """The parent's facts 2..`at_seq`, read a page at a time."""
+        copied: list[F.CommittedFact] = []
+        while len(copied) + 1 < at_seq:
+            after = len(copied) + 1
+            copied.extend(self.read(parent_id, after, min(FORK_PAGE, at_seq - after)))
+        return copied
 
     def submit(
         self, session_id: str, new_facts: Sequence[F.NewFact], epoch: int

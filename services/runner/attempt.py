@@ -45,7 +45,7 @@ from services.common.config import DEFAULT_MAX_FACT_BYTES
 from services.common.errors import ServiceUnavailable
 from services.common.outage_log import OutageLog
 from services.ledger import LedgerClient, Settlement, StaleEpoch
-from services.ledger.facts import EPOCH_STARTED, INPUT, CommittedFact, FactKind
+from services.ledger.facts import EPOCH_STARTED, FORKED_FROM, INPUT, CommittedFact, FactKind
 from services.runner import metrics as runner_metrics
 from services.runner import model_turn, tool_turn
 from services.runner import transcript as T
@@ -365,8 +365,12 @@ AttemptFactory = Callable[[Lease], Awaitable[Attempt]]
 
 
 def _started_epoch(facts: Sequence[CommittedFact]) -> int:
-    """The epoch of the session's latest `epoch_started` (0: none)."""
+    """The epoch of the session's latest `epoch_started` (0: none). A fork's
+    copied facts are its parent's epochs, not its own: none before the
+    `forked_from` counts."""
     for fact in reversed(facts):
         if fact.kind == EPOCH_STARTED:
             return int(fact.data["epoch"])
+        if fact.kind == FORKED_FROM:
+            return 0
     return 0

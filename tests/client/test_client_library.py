@@ -127,6 +127,13 @@ async def test_each_method_returns_its_typed_result(
     assert skipped == Skip(seq=skipped.seq, skipped_input_seqs=(failed.seq,))
     assert skipped.seq > failed.seq
 
+    fork = await keel.fork_session("typed-1", answer.seq)
+    assert isinstance(fork, str) and fork != "typed-1"
+    assert (await keel.get_session(fork)).head_seq == answer.seq + 1
+    edited_in, edited = await keel.edit_input("typed-1", sent.seq, "hello again")
+    assert isinstance(edited, Input) and edited.seq == sent.seq + 1
+    assert edited_in not in ("typed-1", fork)
+
     loadout = await keel.get_loadout()
     assert isinstance(loadout, Loadout)
     revision = await keel.put_loadout({"systemPrompt": "Answer briefly."})

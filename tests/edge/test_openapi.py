@@ -200,6 +200,18 @@ async def test_real_responses_conform_to_the_document(stack: Stack, runner: Runn
         check(cancel, await http.post(f"/v1/sessions/{idle}/cancel"))
         check(cancel, await http.post("/v1/sessions/nope/cancel"))
 
+        # -- fork and edit
+        fork = "/v1/sessions/{id}/fork"
+        check(fork, await http.post(f"/v1/sessions/{session}/fork", json={"at": 1}))
+        check(fork, await http.post(f"/v1/sessions/{session}/fork", json={"at": 10_000}))
+        check(fork, await http.post(f"/v1/sessions/{session}/fork", json={"at": "1"}))
+        check(fork, await http.post("/v1/sessions/nope/fork", json={"at": 1}))
+        edit = "/v1/sessions/{id}/edit"
+        url = f"/v1/sessions/{session}/edit"
+        check(edit, await http.post(url, json={"seq": seq, "text": "edited"}))
+        check(edit, await http.post(url, json={"seq": 1, "text": "not an input"}))
+        check(edit, await http.post("/v1/sessions/nope/edit", json={"seq": 2, "text": "x"}))
+
         # -- skip: a session parked by an input the model fails on
         skip = "/v1/sessions/{id}/skip"
         parked = await stack.new_session()

@@ -105,6 +105,14 @@ class FrontDoor(Protocol):
         """The cancel's seq (None: nothing to cancel) and the inputs it settles."""
         ...
 
+    async def fork(self, session: str, at: int) -> str:
+        """The fork's id."""
+        ...
+
+    async def edit(self, session: str, seq: int, text: str) -> tuple[str, int]:
+        """The fork's id and the edited input's seq."""
+        ...
+
     async def cancel(self, session: str) -> int | None:
         """The cancel's seq, None when nothing was cancelled."""
 
@@ -226,6 +234,18 @@ class HttpDoor:
     async def skip(self, session: str) -> tuple[int, tuple[int, ...]]:
         body = (await self._call("POST", f"/v1/sessions/{session}/skip")).json()
         return body["seq"], tuple(body["skipped"])
+
+    async def fork(self, session: str, at: int) -> str:
+        body = (await self._call("POST", f"/v1/sessions/{session}/fork", json={"at": at})).json()
+        fork_id: str = body["id"]
+        return fork_id
+
+    async def edit(self, session: str, seq: int, text: str) -> tuple[str, int]:
+        response = await self._call(
+            "POST", f"/v1/sessions/{session}/edit", json={"seq": seq, "text": text}
+        )
+        body = response.json()
+        return body["id"], body["input"]["seq"]
 
     async def events(self, session: str, after: int) -> SseStream:
         context = self._http.stream(
@@ -379,6 +399,15 @@ class GrpcDoor:
     async def skip(self, session: str) -> tuple[int, tuple[int, ...]]:
         done = await self._call(self._stub.SkipInputs, pb.SkipInputsRequest(session_id=session))
         return int(done.seq), tuple(done.skipped_input_seqs)
+
+    async def fork(self, session: str, at: int) -> str:
+        request = pb.ForkSessionRequest(session_id=session, at_seq=at)
+        return str((await self._call(self._stub.ForkSession, request)).session_id)
+
+    async def edit(self, session: str, seq: int, text: str) -> tuple[str, int]:
+        request = pb.EditInputRequest(session_id=session, seq=seq, text=text)
+        done = await self._call(self._stub.EditInput, request)
+        return str(done.session_id), int(done.input.seq)
 
     async def events(self, session: str, after: int) -> GrpcStream:
         call = self._stub.StreamEvents(

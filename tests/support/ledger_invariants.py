@@ -23,6 +23,8 @@ def assert_single_writer(facts: list[CommittedFact]) -> None:
         if fact.kind == "epoch_started":
             assert fact.data["epoch"] > fence
             fence = fact.data["epoch"]
+        elif fact.kind == "forked_from":
+            fence = 0  # a fork's own epochs start anew after its parent's
         elif fact.epoch != 0:
             assert fact.epoch == fence, f"seq {fact.seq}: epoch {fact.epoch} under fence {fence}"
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkeel/ledger/v1/ledger.proto\x12\x0ekeel.ledger.v1\"m\n\x04\x46\x61\x63t\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x11\n\tdata_json\x18\x04 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\"*\n\x07NewFact\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x11\n\tdata_json\x18\x02 \x01(\t\"=\n\x14\x43reateSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\"<\n\x15\x43reateSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\xa0\x01\n\rAppendRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12&\n\x05\x66\x61\x63ts\x18\x02 \x03(\x0b\x32\x17.keel.ledger.v1.NewFact\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12.\n\x06settle\x18\x04 \x01(\x0b\x32\x1e.keel.ledger.v1.TurnSettlement\x12\x14\n\x0conly_if_idle\x18\x05 \x01(\x08\"M\n\x0eTurnSettlement\x12\x12\n\nruntime_id\x18\x01 \x01(\t\x12\x14\n\x0cread_through\x18\x02 \x01(\x03\x12\x11\n\tsticky_ms\x18\x03 \x01(\x03\".\n\x0c\x41ppendResult\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"j\n\x0e\x41ppendResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.keel.ledger.v1.AppendResult\x12\x10\n\x08head_seq\x18\x02 \x01(\x03\x12\x17\n\x0fsticky_until_ms\x18\x03 \x01(\x03\"e\n\x13\x41ppendStreamRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12-\n\x06\x61ppend\x18\x02 \x01(\x0b\x32\x1d.keel.ledger.v1.AppendRequest\x12\x13\n\x0btraceparent\x18\x03 \x01(\t\"\xaa\x01\n\x0b\x41ppendError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12;\n\x08metadata\x18\x04 \x03(\x0b\x32).keel.ledger.v1.AppendError.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8f\x01\n\x14\x41ppendStreamResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x32\n\x08\x61ppended\x18\x02 \x01(\x0b\x32\x1e.keel.ledger.v1.AppendResponseH\x00\x12,\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1b.keel.ledger.v1.AppendErrorH\x00\x42\t\n\x07outcome\"m\n\x0bReadRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\x0e\n\x06packed\x18\x04 \x01(\x08\x12\x18\n\x10max_packed_bytes\x18\x05 \x01(\x03\"[\n\x0cReadResponse\x12#\n\x05\x66\x61\x63ts\x18\x01 \x03(\x0b\x32\x14.keel.ledger.v1.Fact\x12\x10\n\x08head_seq\x18\x02 \x01(\x03\x12\x14\n\x0cpacked_facts\x18\x03 \x01(\x0c\"9\n\x10SubscribeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\"7\n\x11SubscribeResponse\x12\"\n\x04\x66\x61\x63t\x18\x01 \x01(\x0b\x32\x14.keel.ledger.v1.Fact\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"H\n\x0bToolCallRef\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x15\n\rassistant_seq\x18\x03 \x01(\x03\"\xd7\x02\n\x12GetSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x10\n\x08head_seq\x18\x03 \x01(\x03\x12\x13\n\x0b\x66\x65nce_epoch\x18\x04 \x01(\x03\x12\x17\n\x0fowed_input_seqs\x18\x05 \x03(\x03\x12\x34\n\x0fopen_tool_calls\x18\x06 \x03(\x0b\x32\x1b.keel.ledger.v1.ToolCallRef\x12\x1d\n\x15latest_compaction_seq\x18\x07 \x01(\x03\x12\x16\n\x0eread_watermark\x18\x08 \x01(\x03\x12\x0e\n\x06parked\x18\t \x01(\x08\x12\x19\n\x11latest_cancel_seq\x18\n \x01(\x03\x12\x18\n\x10\x63ontext_head_seq\x18\x0b \x01(\x03\x12\x11\n\tparked_on\x18\x0c \x03(\x03\x12\x15\n\rparked_reason\x18\r \x01(\t\"R\n\x13ListSessionsRequest\x12\x18\n\x10\x61\x66ter_session_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\x12\n\nowing_only\x18\x03 \x01(\x08\"\\\n\x0eSessionSummary\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x10\n\x08head_seq\x18\x03 \x01(\x03\x12\x11\n\towes_work\x18\x04 \x01(\x08\"g\n\x14ListSessionsResponse\x12\x30\n\x08sessions\x18\x01 \x03(\x0b\x32\x1e.keel.ledger.v1.SessionSummary\x12\x1d\n\x15next_after_session_id\x18\x02 \x01(\t2\xdc\x04\n\rLedgerService\x12\\\n\rCreateSession\x12$.keel.ledger.v1.CreateSessionRequest\x1a%.keel.ledger.v1.CreateSessionResponse\x12G\n\x06\x41ppend\x12\x1d.keel.ledger.v1.AppendRequest\x1a\x1e.keel.ledger.v1.AppendResponse\x12]\n\x0c\x41ppendStream\x12#.keel.ledger.v1.AppendStreamRequest\x1a$.keel.ledger.v1.AppendStreamResponse(\x01\x30\x01\x12\x41\n\x04Read\x12\x1b.keel.ledger.v1.ReadRequest\x1a\x1c.keel.ledger.v1.ReadResponse\x12R\n\tSubscribe\x12 .keel.ledger.v1.SubscribeRequest\x1a!.keel.ledger.v1.SubscribeResponse0\x01\x12S\n\nGetSession\x12!.keel.ledger.v1.GetSessionRequest\x1a\".keel.ledger.v1.GetSessionResponse\x12Y\n\x0cListSessions\x12#.keel.ledger.v1.ListSessionsRequest\x1a$.keel.ledger.v1.ListSessionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkeel/ledger/v1/ledger.proto\x12\x0ekeel.ledger.v1\"m\n\x04\x46\x61\x63t\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x11\n\tdata_json\x18\x04 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\"*\n\x07NewFact\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x11\n\tdata_json\x18\x02 \x01(\t\"=\n\x14\x43reateSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\"S\n\x12\x46orkSessionRequest\x12\x19\n\x11parent_session_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61t_seq\x18\x03 \x01(\x03\"\'\n\x13\x46orkSessionResponse\x12\x10\n\x08head_seq\x18\x01 \x01(\x03\"<\n\x15\x43reateSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\xa0\x01\n\rAppendRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12&\n\x05\x66\x61\x63ts\x18\x02 \x03(\x0b\x32\x17.keel.ledger.v1.NewFact\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12.\n\x06settle\x18\x04 \x01(\x0b\x32\x1e.keel.ledger.v1.TurnSettlement\x12\x14\n\x0conly_if_idle\x18\x05 \x01(\x08\"M\n\x0eTurnSettlement\x12\x12\n\nruntime_id\x18\x01 \x01(\t\x12\x14\n\x0cread_through\x18\x02 \x01(\x03\x12\x11\n\tsticky_ms\x18\x03 \x01(\x03\".\n\x0c\x41ppendResult\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"j\n\x0e\x41ppendResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.keel.ledger.v1.AppendResult\x12\x10\n\x08head_seq\x18\x02 \x01(\x03\x12\x17\n\x0fsticky_until_ms\x18\x03 \x01(\x03\"e\n\x13\x41ppendStreamRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12-\n\x06\x61ppend\x18\x02 \x01(\x0b\x32\x1d.keel.ledger.v1.AppendRequest\x12\x13\n\x0btraceparent\x18\x03 \x01(\t\"\xaa\x01\n\x0b\x41ppendError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12;\n\x08metadata\x18\x04 \x03(\x0b\x32).keel.ledger.v1.AppendError.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8f\x01\n\x14\x41ppendStreamResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x32\n\x08\x61ppended\x18\x02 \x01(\x0b\x32\x1e.keel.ledger.v1.AppendResponseH\x00\x12,\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1b.keel.ledger.v1.AppendErrorH\x00\x42\t\n\x07outcome\"m\n\x0bReadRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\x0e\n\x06packed\x18\x04 \x01(\x08\x12\x18\n\x10max_packed_bytes\x18\x05 \x01(\x03\"[\n\x0cReadResponse\x12#\n\x05\x66\x61\x63ts\x18\x01 \x03(\x0b\x32\x14.keel.ledger.v1.Fact\x12\x10\n\x08head_seq\x18\x02 \x01(\x03\x12\x14\n\x0cpacked_facts\x18\x03 \x01(\x0c\"9\n\x10SubscribeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\"7\n\x11SubscribeResponse\x12\"\n\x04\x66\x61\x63t\x18\x01 \x01(\x0b\x32\x14.keel.ledger.v1.Fact\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"H\n\x0bToolCallRef\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x15\n\rassistant_seq\x18\x03 \x01(\x03\"\xd7\x02\n\x12GetSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x10\n\x08head_seq\x18\x03 \x01(\x03\x12\x13\n\x0b\x66\x65nce_epoch\x18\x04 \x01(\x03\x12\x17\n\x0fowed_input_seqs\x18\x05 \x03(\x03\x12\x34\n\x0fopen_tool_calls\x18\x06 \x03(\x0b\x32\x1b.keel.ledger.v1.ToolCallRef\x12\x1d\n\x15latest_compaction_seq\x18\x07 \x01(\x03\x12\x16\n\x0eread_watermark\x18\x08 \x01(\x03\x12\x0e\n\x06parked\x18\t \x01(\x08\x12\x19\n\x11latest_cancel_seq\x18\n \x01(\x03\x12\x18\n\x10\x63ontext_head_seq\x18\x0b \x01(\x03\x12\x11\n\tparked_on\x18\x0c \x03(\x03\x12\x15\n\rparked_reason\x18\r \x01(\t\"R\n\x13ListSessionsRequest\x12\x18\n\x10\x61\x66ter_session_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\x12\n\nowing_only\x18\x03 \x01(\x08\"\\\n\x0eSessionSummary\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x10\n\x08head_seq\x18\x03 \x01(\x03\x12\x11\n\towes_work\x18\x04 \x01(\x08\"g\n\x14ListSessionsResponse\x12\x30\n\x08sessions\x18\x01 \x03(\x0b\x32\x1e.keel.ledger.v1.SessionSummary\x12\x1d\n\x15next_after_session_id\x18\x02 \x01(\t2\xb4\x05\n\rLedgerService\x12\\\n\rCreateSession\x12$.keel.ledger.v1.CreateSessionRequest\x1a%.keel.ledger.v1.CreateSessionResponse\x12V\n\x0b\x46orkSession\x12\".keel.ledger.v1.ForkSessionRequest\x1a#.keel.ledger.v1.ForkSessionResponse\x12G\n\x06\x41ppend\x12\x1d.keel.ledger.v1.AppendRequest\x1a\x1e.keel.ledger.v1.AppendResponse\x12]\n\x0c\x41ppendStream\x12#.keel.ledger.v1.AppendStreamRequest\x1a$.keel.ledger.v1.AppendStreamResponse(\x01\x30\x01\x12\x41\n\x04Read\x12\x1b.keel.ledger.v1.ReadRequest\x1a\x1c.keel.ledger.v1.ReadResponse\x12R\n\tSubscribe\x12 .keel.ledger.v1.SubscribeRequest\x1a!.keel.ledger.v1.SubscribeResponse0\x01\x12S\n\nGetSession\x12!.keel.ledger.v1.GetSessionRequest\x1a\".keel.ledger.v1.GetSessionResponse\x12Y\n\x0cListSessions\x12#.keel.ledger.v1.ListSessionsRequest\x1a$.keel.ledger.v1.ListSessionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,44 +39,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NEWFACT']._serialized_end=200
   _globals['_CREATESESSIONREQUEST']._serialized_start=202
   _globals['_CREATESESSIONREQUEST']._serialized_end=263
-  _globals['_CREATESESSIONRESPONSE']._serialized_start=265
-  _globals['_CREATESESSIONRESPONSE']._serialized_end=325
-  _globals['_APPENDREQUEST']._serialized_start=328
-  _globals['_APPENDREQUEST']._serialized_end=488
-  _globals['_TURNSETTLEMENT']._serialized_start=490
-  _globals['_TURNSETTLEMENT']._serialized_end=567
-  _globals['_APPENDRESULT']._serialized_start=569
-  _globals['_APPENDRESULT']._serialized_end=615
-  _globals['_APPENDRESPONSE']._serialized_start=617
-  _globals['_APPENDRESPONSE']._serialized_end=723
-  _globals['_APPENDSTREAMREQUEST']._serialized_start=725
-  _globals['_APPENDSTREAMREQUEST']._serialized_end=826
-  _globals['_APPENDERROR']._serialized_start=829
-  _globals['_APPENDERROR']._serialized_end=999
-  _globals['_APPENDERROR_METADATAENTRY']._serialized_start=952
-  _globals['_APPENDERROR_METADATAENTRY']._serialized_end=999
-  _globals['_APPENDSTREAMRESPONSE']._serialized_start=1002
-  _globals['_APPENDSTREAMRESPONSE']._serialized_end=1145
-  _globals['_READREQUEST']._serialized_start=1147
-  _globals['_READREQUEST']._serialized_end=1256
-  _globals['_READRESPONSE']._serialized_start=1258
-  _globals['_READRESPONSE']._serialized_end=1349
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=1351
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=1408
-  _globals['_SUBSCRIBERESPONSE']._serialized_start=1410
-  _globals['_SUBSCRIBERESPONSE']._serialized_end=1465
-  _globals['_GETSESSIONREQUEST']._serialized_start=1467
-  _globals['_GETSESSIONREQUEST']._serialized_end=1506
-  _globals['_TOOLCALLREF']._serialized_start=1508
-  _globals['_TOOLCALLREF']._serialized_end=1580
-  _globals['_GETSESSIONRESPONSE']._serialized_start=1583
-  _globals['_GETSESSIONRESPONSE']._serialized_end=1926
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=1928
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=2010
-  _globals['_SESSIONSUMMARY']._serialized_start=2012
-  _globals['_SESSIONSUMMARY']._serialized_end=2104
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=2106
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=2209
-  _globals['_LEDGERSERVICE']._serialized_start=2212
-  _globals['_LEDGERSERVICE']._serialized_end=2816
+  _globals['_FORKSESSIONREQUEST']._serialized_start=265
+  _globals['_FORKSESSIONREQUEST']._serialized_end=348
+  _globals['_FORKSESSIONRESPONSE']._serialized_start=350
+  _globals['_FORKSESSIONRESPONSE']._serialized_end=389
+  _globals['_CREATESESSIONRESPONSE']._serialized_start=391
+  _globals['_CREATESESSIONRESPONSE']._serialized_end=451
+  _globals['_APPENDREQUEST']._serialized_start=454
+  _globals['_APPENDREQUEST']._serialized_end=614
+  _globals['_TURNSETTLEMENT']._serialized_start=616
+  _globals['_TURNSETTLEMENT']._serialized_end=693
+  _globals['_APPENDRESULT']._serialized_start=695
+  _globals['_APPENDRESULT']._serialized_end=741
+  _globals['_APPENDRESPONSE']._serialized_start=743
+  _globals['_APPENDRESPONSE']._serialized_end=849
+  _globals['_APPENDSTREAMREQUEST']._serialized_start=851
+  _globals['_APPENDSTREAMREQUEST']._serialized_end=952
+  _globals['_APPENDERROR']._serialized_start=955
+  _globals['_APPENDERROR']._serialized_end=1125
+  _globals['_APPENDERROR_METADATAENTRY']._serialized_start=1078
+  _globals['_APPENDERROR_METADATAENTRY']._serialized_end=1125
+  _globals['_APPENDSTREAMRESPONSE']._serialized_start=1128
+  _globals['_APPENDSTREAMRESPONSE']._serialized_end=1271
+  _globals['_READREQUEST']._serialized_start=1273
+  _globals['_READREQUEST']._serialized_end=1382
+  _globals['_READRESPONSE']._serialized_start=1384
+  _globals['_READRESPONSE']._serialized_end=1475
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=1477
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=1534
+  _globals['_SUBSCRIBERESPONSE']._serialized_start=1536
+  _globals['_SUBSCRIBERESPONSE']._serialized_end=1591
+  _globals['_GETSESSIONREQUEST']._serialized_start=1593
+  _globals['_GETSESSIONREQUEST']._serialized_end=1632
+  _globals['_TOOLCALLREF']._serialized_start=1634
+  _globals['_TOOLCALLREF']._serialized_end=1706
+  _globals['_GETSESSIONRESPONSE']._serialized_start=1709
+  _globals['_GETSESSIONRESPONSE']._serialized_end=2052
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=2054
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=2136
+  _globals['_SESSIONSUMMARY']._serialized_start=2138
+  _globals['_SESSIONSUMMARY']._serialized_end=2230
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=2232
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=2335
+  _globals['_LEDGERSERVICE']._serialized_start=2338
+  _globals['_LEDGERSERVICE']._serialized_end=3030
 # @@protoc_insertion_point(module_scope)

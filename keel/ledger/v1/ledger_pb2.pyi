@@ -31,6 +31,7 @@ class Fact(_message.Message):
       cancelled       {reason?}
       session_parked  {reason, inputSeqs?}
       inputs_skipped  {inputSeqs, reason}
+      forked_from     {sessionId, seq}
       compaction_failed {error, consecutive, suspended}
     """
 
@@ -113,6 +114,52 @@ class CreateSessionRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CreateSessionRequest: _TypeAlias = CreateSessionRequest  # noqa: Y015
+
+@_typing.final
+class ForkSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARENT_SESSION_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    AT_SEQ_FIELD_NUMBER: _builtins.int
+    parent_session_id: _builtins.str
+    session_id: _builtins.str
+    at_seq: _builtins.int
+    """The parent's last fact the fork keeps (1..head)."""
+    def __init__(
+        self,
+        *,
+        parent_session_id: _builtins.str = ...,
+        session_id: _builtins.str = ...,
+        at_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_seq", b"at_seq", "parent_session_id", b"parent_session_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSessionRequest: _TypeAlias = ForkSessionRequest  # noqa: Y015
+
+@_typing.final
+class ForkSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEAD_SEQ_FIELD_NUMBER: _builtins.int
+    head_seq: _builtins.int
+    """The seq of the fork's forked_from fact (at_seq + 1)."""
+    def __init__(
+        self,
+        *,
+        head_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["head_seq", b"head_seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSessionResponse: _TypeAlias = ForkSessionResponse  # noqa: Y015
 
 @_typing.final
 class CreateSessionResponse(_message.Message):

@@ -43,6 +43,11 @@ class LedgerServiceStub:
                 request_serializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.CreateSessionRequest.SerializeToString,
                 response_deserializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.CreateSessionResponse.FromString,
                 _registered_method=True)
+        self.ForkSession = channel.unary_unary(
+                '/keel.ledger.v1.LedgerService/ForkSession',
+                request_serializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.ForkSessionResponse.FromString,
+                _registered_method=True)
         self.Append = channel.unary_unary(
                 '/keel.ledger.v1.LedgerService/Append',
                 request_serializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.AppendRequest.SerializeToString,
@@ -84,6 +89,16 @@ class LedgerServiceServicer:
 
     def CreateSession(self, request, context):
         """Creates a session stream; its first fact (seq 1) is `session_created`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForkSession(self, request, context):
+        """Creates a session whose history is another's facts 1..at_seq (copied in
+        one transaction, seqs kept), followed by `forked_from {sessionId, seq}`.
+        The new session has the parent's tenant; the parent is untouched. Its
+        own runners start at epoch 1: `forked_from` resets the fence.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -150,6 +165,11 @@ def add_LedgerServiceServicer_to_server(servicer, server):
                     request_deserializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.CreateSessionRequest.FromString,
                     response_serializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.CreateSessionResponse.SerializeToString,
             ),
+            'ForkSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSession,
+                    request_deserializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.ForkSessionRequest.FromString,
+                    response_serializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.ForkSessionResponse.SerializeToString,
+            ),
             'Append': grpc.unary_unary_rpc_method_handler(
                     servicer.Append,
                     request_deserializer=keel_dot_ledger_dot_v1_dot_ledger__pb2.AppendRequest.FromString,
@@ -212,6 +232,33 @@ class LedgerService:
             '/keel.ledger.v1.LedgerService/CreateSession',
             keel_dot_ledger_dot_v1_dot_ledger__pb2.CreateSessionRequest.SerializeToString,
             keel_dot_ledger_dot_v1_dot_ledger__pb2.CreateSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keel.ledger.v1.LedgerService/ForkSession',
+            keel_dot_ledger_dot_v1_dot_ledger__pb2.ForkSessionRequest.SerializeToString,
+            keel_dot_ledger_dot_v1_dot_ledger__pb2.ForkSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,12 @@ class LedgerServiceStub:
     def __new__(cls, channel: _aio.Channel) -> LedgerServiceAsyncStub: ...
     CreateSession: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.CreateSessionRequest, _ledger_pb2.CreateSessionResponse]
     """Creates a session stream; its first fact (seq 1) is `session_created`."""
+    ForkSession: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ForkSessionRequest, _ledger_pb2.ForkSessionResponse]
+    """Creates a session whose history is another's facts 1..at_seq (copied in
+    one transaction, seqs kept), followed by `forked_from {sessionId, seq}`.
+    The new session has the parent's tenant; the parent is untouched. Its
+    own runners start at epoch 1: `forked_from` resets the fence.
+    """
     Append: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.AppendRequest, _ledger_pb2.AppendResponse]
     """Appends one or many facts atomically. Duplicates (same request id,
     generation id or tool call id) return the existing seq, not an error.
@@ -77,6 +83,12 @@ class LedgerServiceAsyncStub(LedgerServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateSession: _aio.UnaryUnaryMultiCallable[_ledger_pb2.CreateSessionRequest, _ledger_pb2.CreateSessionResponse]  # type: ignore[assignment]
     """Creates a session stream; its first fact (seq 1) is `session_created`."""
+    ForkSession: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ForkSessionRequest, _ledger_pb2.ForkSessionResponse]  # type: ignore[assignment]
+    """Creates a session whose history is another's facts 1..at_seq (copied in
+    one transaction, seqs kept), followed by `forked_from {sessionId, seq}`.
+    The new session has the parent's tenant; the parent is untouched. Its
+    own runners start at epoch 1: `forked_from` resets the fence.
+    """
     Append: _aio.UnaryUnaryMultiCallable[_ledger_pb2.AppendRequest, _ledger_pb2.AppendResponse]  # type: ignore[assignment]
     """Appends one or many facts atomically. Duplicates (same request id,
     generation id or tool call id) return the existing seq, not an error.
@@ -118,6 +130,18 @@ class LedgerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_ledger_pb2.CreateSessionResponse, _abc.Awaitable[_ledger_pb2.CreateSessionResponse]]:
         """Creates a session stream; its first fact (seq 1) is `session_created`."""
+
+    @_abc_1.abstractmethod
+    def ForkSession(
+        self,
+        request: _ledger_pb2.ForkSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ledger_pb2.ForkSessionResponse, _abc.Awaitable[_ledger_pb2.ForkSessionResponse]]:
+        """Creates a session whose history is another's facts 1..at_seq (copied in
+        one transaction, seqs kept), followed by `forked_from {sessionId, seq}`.
+        The new session has the parent's tenant; the parent is untouched. Its
+        own runners start at epoch 1: `forked_from` resets the fence.
+        """
 
     @_abc_1.abstractmethod
     def Append(

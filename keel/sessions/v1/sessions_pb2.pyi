@@ -530,6 +530,111 @@ class CancelResponse(_message.Message):
 Global___CancelResponse: _TypeAlias = CancelResponse  # noqa: Y015
 
 @_typing.final
+class ForkSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    AT_SEQ_FIELD_NUMBER: _builtins.int
+    NEW_SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    at_seq: _builtins.int
+    """The parent's last fact the fork keeps (1..head)."""
+    new_session_id: _builtins.str
+    """The fork's id; empty: a new one."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        at_seq: _builtins.int = ...,
+        new_session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_seq", b"at_seq", "new_session_id", b"new_session_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSessionRequest: _TypeAlias = ForkSessionRequest  # noqa: Y015
+
+@_typing.final
+class ForkSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    HEAD_SEQ_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    head_seq: _builtins.int
+    """The fork's forked_from fact (at_seq + 1)."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        head_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["head_seq", b"head_seq", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSessionResponse: _TypeAlias = ForkSessionResponse  # noqa: Y015
+
+@_typing.final
+class EditInputRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    seq: _builtins.int
+    """The input to edit: the fork keeps the facts before it."""
+    text: _builtins.str
+    request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        seq: _builtins.int = ...,
+        text: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "seq", b"seq", "session_id", b"session_id", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EditInputRequest: _TypeAlias = EditInputRequest  # noqa: Y015
+
+@_typing.final
+class EditInputResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    INPUT_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The fork."""
+    @_builtins.property
+    def input(self) -> Global___SendInputResponse:
+        """The edited input, as the fork's."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        input: Global___SendInputResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EditInputResponse: _TypeAlias = EditInputResponse  # noqa: Y015
+
+@_typing.final
 class SkipInputsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -79,6 +79,16 @@ class SessionServiceStub:
                 request_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.SkipInputsRequest.SerializeToString,
                 response_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.SkipInputsResponse.FromString,
                 _registered_method=True)
+        self.ForkSession = channel.unary_unary(
+                '/keel.sessions.v1.SessionService/ForkSession',
+                request_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.ForkSessionResponse.FromString,
+                _registered_method=True)
+        self.EditInput = channel.unary_unary(
+                '/keel.sessions.v1.SessionService/EditInput',
+                request_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.EditInputRequest.SerializeToString,
+                response_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.EditInputResponse.FromString,
+                _registered_method=True)
         self.DecideApproval = channel.unary_unary(
                 '/keel.sessions.v1.SessionService/DecideApproval',
                 request_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.DecideApprovalRequest.SerializeToString,
@@ -172,6 +182,23 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkSession(self, request, context):
+        """A new session of the caller's whose history is this one's facts
+        1..at_seq, then `forked_from`; it goes on on its own (an input owed at
+        at_seq is answered in it). ALREADY_EXISTS when new_session_id is taken.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EditInput(self, request, context):
+        """Edit and resend: a fork at the seq before input `seq`, whose next input
+        is `text`. INVALID_ARGUMENT when `seq` is not an input.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DecideApproval(self, request, context):
         """Decides a tool call waiting for a person's approval. One decision per
         call: FAILED_PRECONDITION (APPROVAL_NOT_PENDING) for a call that does not
@@ -244,6 +271,16 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.SkipInputs,
                     request_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.SkipInputsRequest.FromString,
                     response_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.SkipInputsResponse.SerializeToString,
+            ),
+            'ForkSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSession,
+                    request_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.ForkSessionRequest.FromString,
+                    response_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.ForkSessionResponse.SerializeToString,
+            ),
+            'EditInput': grpc.unary_unary_rpc_method_handler(
+                    servicer.EditInput,
+                    request_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.EditInputRequest.FromString,
+                    response_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.EditInputResponse.SerializeToString,
             ),
             'DecideApproval': grpc.unary_unary_rpc_method_handler(
                     servicer.DecideApproval,
@@ -487,6 +524,60 @@ class SessionService:
             '/keel.sessions.v1.SessionService/SkipInputs',
             keel_dot_sessions_dot_v1_dot_sessions__pb2.SkipInputsRequest.SerializeToString,
             keel_dot_sessions_dot_v1_dot_sessions__pb2.SkipInputsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keel.sessions.v1.SessionService/ForkSession',
+            keel_dot_sessions_dot_v1_dot_sessions__pb2.ForkSessionRequest.SerializeToString,
+            keel_dot_sessions_dot_v1_dot_sessions__pb2.ForkSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EditInput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keel.sessions.v1.SessionService/EditInput',
+            keel_dot_sessions_dot_v1_dot_sessions__pb2.EditInputRequest.SerializeToString,
+            keel_dot_sessions_dot_v1_dot_sessions__pb2.EditInputResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -65,6 +65,15 @@ class SessionServiceStub:
     them are answered. FAILED_PRECONDITION (SESSION_NOT_PARKED) when the
     session is not parked on a failed input.
     """
+    ForkSession: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.ForkSessionRequest, _sessions_pb2.ForkSessionResponse]
+    """A new session of the caller's whose history is this one's facts
+    1..at_seq, then `forked_from`; it goes on on its own (an input owed at
+    at_seq is answered in it). ALREADY_EXISTS when new_session_id is taken.
+    """
+    EditInput: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.EditInputRequest, _sessions_pb2.EditInputResponse]
+    """Edit and resend: a fork at the seq before input `seq`, whose next input
+    is `text`. INVALID_ARGUMENT when `seq` is not an input.
+    """
     DecideApproval: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.DecideApprovalRequest, _sessions_pb2.DecideApprovalResponse]
     """Decides a tool call waiting for a person's approval. One decision per
     call: FAILED_PRECONDITION (APPROVAL_NOT_PENDING) for a call that does not
@@ -113,6 +122,15 @@ class SessionServiceAsyncStub(SessionServiceStub):
     sees a note that they were skipped and why, and the inputs sent after
     them are answered. FAILED_PRECONDITION (SESSION_NOT_PARKED) when the
     session is not parked on a failed input.
+    """
+    ForkSession: _aio.UnaryUnaryMultiCallable[_sessions_pb2.ForkSessionRequest, _sessions_pb2.ForkSessionResponse]  # type: ignore[assignment]
+    """A new session of the caller's whose history is this one's facts
+    1..at_seq, then `forked_from`; it goes on on its own (an input owed at
+    at_seq is answered in it). ALREADY_EXISTS when new_session_id is taken.
+    """
+    EditInput: _aio.UnaryUnaryMultiCallable[_sessions_pb2.EditInputRequest, _sessions_pb2.EditInputResponse]  # type: ignore[assignment]
+    """Edit and resend: a fork at the seq before input `seq`, whose next input
+    is `text`. INVALID_ARGUMENT when `seq` is not an input.
     """
     DecideApproval: _aio.UnaryUnaryMultiCallable[_sessions_pb2.DecideApprovalRequest, _sessions_pb2.DecideApprovalResponse]  # type: ignore[assignment]
     """Decides a tool call waiting for a person's approval. One decision per
@@ -207,6 +225,27 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         sees a note that they were skipped and why, and the inputs sent after
         them are answered. FAILED_PRECONDITION (SESSION_NOT_PARKED) when the
         session is not parked on a failed input.
+        """
+
+    @_abc_1.abstractmethod
+    def ForkSession(
+        self,
+        request: _sessions_pb2.ForkSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sessions_pb2.ForkSessionResponse, _abc.Awaitable[_sessions_pb2.ForkSessionResponse]]:
+        """A new session of the caller's whose history is this one's facts
+        1..at_seq, then `forked_from`; it goes on on its own (an input owed at
+        at_seq is answered in it). ALREADY_EXISTS when new_session_id is taken.
+        """
+
+    @_abc_1.abstractmethod
+    def EditInput(
+        self,
+        request: _sessions_pb2.EditInputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sessions_pb2.EditInputResponse, _abc.Awaitable[_sessions_pb2.EditInputResponse]]:
+        """Edit and resend: a fork at the seq before input `seq`, whose next input
+        is `text`. INVALID_ARGUMENT when `seq` is not an input.
         """
 
     @_abc_1.abstractmethod

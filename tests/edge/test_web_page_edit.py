@@ -1,0 +1,58 @@
+"""Edit and resend from the web page, in a real browser (Debian Chromium)
+against a real `keel up`: Edit on a message sends the edited text in a new
+session forked just before it, which the page opens; the original session
+keeps its message and answer."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.async_api import Browser, Dialog, expect
+
+from tests.support.web_page import KEY, WAIT_MS, screenshot_path
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+
+async def test_edit_forks_the_session_and_answers_the_edited_message(
+    base_url: str, browser: Browser
+) -> None:
+    page = await browser.new_page(viewport={"width": 1100, "height": 720})
+    page_errors: list[str] = []
+    page.on("pageerror", lambda error: page_errors.append(str(error)))
+    await page.goto(f"{base_url}/#key={KEY}")
+    await page.click("#new-session")
+    await expect(page.locator('#transcript [data-kind="session_created"]')).to_have_count(1)
+    selected = page.locator("#sessions li[aria-selected='true']")
+    original = await selected.get_attribute("data-session-id")
+
+    textarea = page.locator("#composer textarea")
+    await textarea.fill("the first version")
+    await textarea.press("Enter")
+    answers = page.locator('#transcript [data-kind="assistant"]')
+    await expect(answers).to_have_count(1, timeout=WAIT_MS)
+
+    async def edit(dialog: Dialog) -> None:
+        assert dialog.default_value == "the first version"
+        await dialog.accept("the second version")
+
+    page.once("dialog", edit)
+    await page.locator('#transcript [data-kind="input"] button.edit').click()
+    await expect(selected).not_to_have_attribute("data-session-id", original or "", timeout=WAIT_MS)
+    await expect(page.locator('#transcript [data-kind="forked_from"]')).to_contain_text(
+        f"Forked from {original} at #1"
+    )
+    await expect(page.locator('#transcript [data-kind="input"] .text')).to_have_text(
+        "the second version"
+    )
+    await expect(answers.locator(".text")).to_have_text(
+        "You said: the second version", timeout=WAIT_MS
+    )
+    await page.screenshot(path=str(screenshot_path("chat-edited.png")))
+
+    # The original keeps its message and its answer.
+    await page.locator(f"#sessions li[data-session-id='{original}']").click()
+    await expect(page.locator('#transcript [data-kind="input"] .text')).to_have_text(
+        "the first version"
+    )
+    await expect(answers.locator(".text")).to_have_text("You said: the first version")
+    assert page_errors == []
