@@ -43,6 +43,7 @@ from kernel.domain import DrainMode
 from services.blobs import BlobStore
 from services.common.config import Settings
 from services.common.errors import KeelError
+from services.common.outage_log import OutageLog
 from services.ledger import LedgerClient, SessionView
 from services.ledger.facts import check_id
 from services.runner.client import RunnerClient
@@ -136,6 +137,9 @@ class Gateway:
         self._tenants: dict[str, str] = {}
         # Each tenant's default double-texting strategy (edge/multitask.py).
         self.multitask_defaults = TenantDefaults(self._loadout_document)
+        # Inputs committed whose session the kernel could not be told of,
+        # said once per outage of this edge's kernel (edge/inputs.py).
+        self.wake_ups = OutageLog(log, "kernel", attempts="wake-ups of committed inputs failed")
 
     async def _loadout_document(self, tenant_id: str) -> dict[str, object]:
         return dict((await self.kernel.get_loadout(tenant_id)).document)

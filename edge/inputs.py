@@ -26,15 +26,12 @@ from edge.multitask import ENQUEUE, REJECT, ROLLBACK
 from services.blobs import is_blob_id
 from services.common import tracing
 from services.common.errors import KeelError
-from services.common.outage_log import OutageLog
 from services.ledger import Appended, FactToAppend
 from services.ledger.errors import InvalidFact, SessionBusy
 from services.ledger.facts import CANCELLED, INPUT, INPUTS_SKIPPED, Multitask
 from services.ledger.packed_facts import pack_input
 
 log = logging.getLogger(__name__)
-# Inputs committed whose session the kernel could not be told of.
-WAKE_UPS = OutageLog(log, "kernel", attempts="wake-ups of committed inputs failed")
 
 # What the ledger accepts as a requestId, checked here first so that a refusal
 # quotes no more of a client's value than `shown` allows.
@@ -182,7 +179,9 @@ async def _append_input(
         )
     except KeelError as error:
         # Said once per outage, not once per input (services.common.outage_log).
-        WAKE_UPS.failed(f"input {appended.seq} of {session_id} committed, not woken: {error}")
+        gateway.wake_ups.failed(
+            f"input {appended.seq} of {session_id} committed, not woken: {error}"
+        )
         # Committed, but the kernel has not heard of it: sending the same
         # requestId again is a duplicate that wakes it.
         unwoken = Unavailable(
@@ -192,7 +191,7 @@ async def _append_input(
         )
         unwoken.metadata.update({"seq": str(appended.seq), "requestId": request_id})
         raise unwoken from None
-    WAKE_UPS.succeeded()
+    gateway.wake_ups.succeeded()
     return Committed(appended.seq, appended.duplicate, request_id, retry_safe)
 
 

@@ -20,15 +20,22 @@ rollback's cancel as any cancel.
 A request that names no strategy takes its tenant's (the loadout's
 `multitask`, default `enqueue`), read from the kernel at most once per
 `DEFAULT_TTL_S` per tenant: a loadout change reaches inputs within that.
+While the kernel cannot be asked, the last value read stands (`enqueue` if
+none was): an input is still committed then, and woken once the kernel is
+back, as any input committed during a kernel outage.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Final
 
+from services.common.errors import KeelError
 from services.ledger.facts import MULTITASK_MODES, Multitask
+
+log = logging.getLogger(__name__)
 
 ENQUEUE: Final = "enqueue"
 REJECT: Final = "reject"
@@ -58,6 +65,10 @@ class TenantDefaults:
         known = self._known.get(tenant_id)
         if known is not None and known[0] > now:
             return known[1]
-        mode = mode_of(await self._read(tenant_id))
+        try:
+            mode = mode_of(await self._read(tenant_id))
+        except KeelError as away:
+            log.debug("tenant %s's multitask default unread: %s", tenant_id, away)
+            return known[1] if known is not None else ENQUEUE
         self._known[tenant_id] = (now + self._ttl_s, mode)
         return mode

@@ -139,7 +139,8 @@ def test_a_refusal_names_the_field_and_the_problem(
 
 def test_an_unknown_field_is_refused_by_name_cut_short() -> None:
     error = refused({"text": "x", "requestID": "r"}, InputBody)
-    assert error.message == "unknown field 'requestID'; the fields are: blobs, requestId, text"
+    fields = "blobs, multitask, requestId, text"
+    assert error.message == f"unknown field 'requestID'; the fields are: {fields}"
     long = refused({"z" * 5000: 1}, CreateSessionBody).message
     assert "zzzz" in long and "z" * 65 not in long
 

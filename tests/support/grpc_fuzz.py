@@ -77,10 +77,18 @@ def requests_of(real: str) -> dict[str, st.SearchStrategy[Any]]:
             text=TEXT,
             request_id=TEXT,
             blob_ids=st.lists(TEXT, max_size=3),
+            multitask=TEXT | st.sampled_from(["enqueue", "reject", "interrupt", "rollback"]),
         ),
         "StreamEvents": st.builds(pb.StreamEventsRequest, session_id=sid, after_seq=INT64),
         "Cancel": st.builds(pb.CancelRequest, session_id=sid),
         "Retry": st.builds(pb.RetryRequest, session_id=sid, seq=INT64, request_id=TEXT),
+        "SkipInputs": st.builds(pb.SkipInputsRequest, session_id=sid),
+        "ForkSession": st.builds(
+            pb.ForkSessionRequest, session_id=sid, at_seq=INT64, new_session_id=TEXT
+        ),
+        "EditInput": st.builds(
+            pb.EditInputRequest, session_id=sid, seq=INT64, text=TEXT, request_id=TEXT
+        ),
         "DecideApproval": st.builds(
             _decision,
             session_id=sid,
