@@ -93,11 +93,18 @@ async def assert_guarded(target: str, settings: Settings, call: Call) -> Any:
         return await call(channel)
 
 
-def reflected_services(channel: grpc.aio.Channel) -> Awaitable[Any]:
-    """Reflection's list of services (a stream-stream call)."""
+async def reflected_services(channel: grpc.aio.Channel) -> Any:
+    """Reflection's list of services (a stream-stream call).
+
+    The request is written on the call, not handed over as an iterator: a
+    server that refuses the call ends it at once, and an iterator's write
+    racing that end fails as INTERNAL ("Failed execute_batch") instead of
+    the status the server sent; a write on an ended call raises that status."""
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-    request = reflection_pb2.ServerReflectionRequest(list_services="")
-    return first(stub.ServerReflectionInfo(iter([request])))
+    call = stub.ServerReflectionInfo()
+    await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+    await call.done_writing()
+    return await first(call)
 
 
 async def assert_probes_open_and_reflection_closed(
