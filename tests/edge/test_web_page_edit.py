@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from playwright.async_api import Browser, Dialog, expect
 
-from tests.support.web_page import KEY, WAIT_MS, screenshot_path
+from tests.support.web_page import WAIT_MS, chat_on_a_new_session, screenshot_path
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -16,14 +16,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 async def test_edit_forks_the_session_and_answers_the_edited_message(
     base_url: str, browser: Browser
 ) -> None:
-    page = await browser.new_page(viewport={"width": 1100, "height": 720})
-    page_errors: list[str] = []
-    page.on("pageerror", lambda error: page_errors.append(str(error)))
-    await page.goto(f"{base_url}/#key={KEY}")
-    await page.click("#new-session")
-    await expect(page.locator('#transcript [data-kind="session_created"]')).to_have_count(1)
+    chat = await chat_on_a_new_session(browser, base_url)
+    page, original = chat.page, chat.session_id
     selected = page.locator("#sessions li[aria-selected='true']")
-    original = await selected.get_attribute("data-session-id")
 
     textarea = page.locator("#composer textarea")
     await textarea.fill("the first version")
@@ -37,7 +32,7 @@ async def test_edit_forks_the_session_and_answers_the_edited_message(
 
     page.once("dialog", edit)
     await page.locator('#transcript [data-kind="input"] button.edit').click()
-    await expect(selected).not_to_have_attribute("data-session-id", original or "", timeout=WAIT_MS)
+    await expect(selected).not_to_have_attribute("data-session-id", original, timeout=WAIT_MS)
     await expect(page.locator('#transcript [data-kind="forked_from"]')).to_contain_text(
         f"Forked from {original} at #1"
     )
@@ -55,4 +50,4 @@ async def test_edit_forks_the_session_and_answers_the_edited_message(
         "the first version"
     )
     await expect(answers.locator(".text")).to_have_text("You said: the first version")
-    assert page_errors == []
+    assert chat.errors == []

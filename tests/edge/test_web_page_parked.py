@@ -14,7 +14,7 @@ import pytest
 from playwright.async_api import Browser, expect
 
 from tests.support.polling import eventually
-from tests.support.web_page import KEY, WAIT_MS, screenshot_path
+from tests.support.web_page import KEY, WAIT_MS, chat_on_a_new_session, screenshot_path
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -22,16 +22,8 @@ LATER = "hello after the failure"
 
 
 async def test_a_parked_session_is_skipped_from_the_page(base_url: str, browser: Browser) -> None:
-    page = await browser.new_page(viewport={"width": 1100, "height": 720})
-    page_errors: list[str] = []
-    page.on("pageerror", lambda error: page_errors.append(str(error)))
-    await page.goto(f"{base_url}/#key={KEY}")
-    await page.click("#new-session")
-    await expect(page.locator('#transcript [data-kind="session_created"]')).to_have_count(1)
-    session_id = await page.locator("#sessions li[aria-selected='true']").get_attribute(
-        "data-session-id"
-    )
-    assert session_id
+    chat = await chat_on_a_new_session(browser, base_url)
+    page, session_id = chat.page, chat.session_id
 
     textarea = page.locator("#composer textarea")
     await textarea.fill("/fail")
@@ -78,4 +70,4 @@ async def test_a_parked_session_is_skipped_from_the_page(base_url: str, browser:
 
         assert await eventually(answered_alone, "the later input's answer") == [owed[1]]
     await page.screenshot(path=str(screenshot_path("chat-parked-skipped.png")))
-    assert page_errors == []
+    assert chat.errors == []

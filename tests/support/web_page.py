@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.async_api import Browser, async_playwright
+from playwright.async_api import Browser, Page, async_playwright, expect
 
 from kernel import KernelClient
 from services.common.config import Settings
@@ -171,3 +171,27 @@ async def launched_browser() -> AsyncIterator[Browser]:
             yield launched
         finally:
             await launched.close()
+
+
+@dataclass
+class ChatPage:
+    """The chat page on a new session of its own, and the page errors seen."""
+
+    page: Page
+    session_id: str
+    errors: list[str]
+
+
+async def chat_on_a_new_session(browser: Browser, base_url: str) -> ChatPage:
+    """Opens the page with the dev key, makes a session with its button, and
+    waits until the page shows it."""
+    page = await browser.new_page(viewport={"width": 1100, "height": 720})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    await page.goto(f"{base_url}/#key={KEY}")
+    await page.click("#new-session")
+    await expect(page.locator('#transcript [data-kind="session_created"]')).to_have_count(1)
+    selected = page.locator("#sessions li[aria-selected='true']")
+    session_id = await selected.get_attribute("data-session-id")
+    assert session_id
+    return ChatPage(page, session_id, errors)
