@@ -30,6 +30,8 @@ class KernelConfig:
     retry_after_cap_ms: int = 900_000
     # How often owing sessions are re-read from the ledger (lost wake-ups).
     reconcile_ms: int = 5_000
+    # How often due schedules are looked for (a firing is at most this late).
+    schedule_tick_ms: int = 1_000
     # A session the reconciler finds owing but neither queued nor leased is
     # enqueued at once, and warned about only when nothing was committed to
     # it for this long: younger ones are answers or wake-ups still landing.

@@ -128,6 +128,19 @@ CREATE TABLE IF NOT EXISTS loadouts (
     created_at_ms BIGINT NOT NULL,
     PRIMARY KEY (tenant_id, revision)
 );
+CREATE TABLE IF NOT EXISTS kernel_schedules (
+    schedule_id TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    cron TEXT NOT NULL DEFAULT '',
+    timezone TEXT NOT NULL DEFAULT 'UTC',
+    at_ms BIGINT NOT NULL DEFAULT 0,
+    next_fire_ms BIGINT NOT NULL,
+    created_at_ms BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS kernel_schedules_due ON kernel_schedules (next_fire_ms);
+CREATE INDEX IF NOT EXISTS kernel_schedules_session ON kernel_schedules (session_id)
 """
 
 # Columns added after the first release, as (table, column, type). A

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from kernel.client import KernelClient
 from kernel.config import KernelConfig
 from kernel.database import Database
 from kernel.expiry import Attachments, RuntimePruner, Sweeper
@@ -15,6 +16,9 @@ from kernel.liveness import Heartbeats, LivenessStore
 from kernel.metrics import KernelMetrics
 from kernel.reconcile import Reconciler
 from kernel.registry import RegistryStore
+from kernel.schedule_store import ScheduleStore
+from kernel.scheduler import Scheduler
+from kernel.schedules import Schedule
 from kernel.servicer import KernelServicer, kernel_service
 from kernel.store import LeaseStore
 from kernel.tenancy import TenantStore
@@ -22,6 +26,8 @@ from kernel.waker import ClaimWaker
 from services.common.config import Settings
 from services.common.errors import KeelError
 from services.common.serving import RunningServer, serve_services
+from services.ledger.client import LedgerClient
+from services.ledger.facts import INPUT
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,11 @@ class KernelServer:
         self.heartbeats: Heartbeats | None = None
         self.servicer: KernelServicer | None = None
         self.reconciler: Reconciler | None = None
+        # Scheduled inputs (kernel/scheduler.py): fired only where the
+        # ledger is known, with a ledger client and a client of this kernel.
+        self.schedules: ScheduleStore | None = None
+        self.scheduler: Scheduler | None = None
+        self._firing: tuple[LedgerClient, KernelClient] | None = None
         self.running: RunningServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -131,6 +142,23 @@ class KernelServer:
                 self.config.reconcile_grace_ms,
             )
             self._spawn(self.reconciler.run(), "kernel-reconciler")
+            self.schedules = ScheduleStore(self.database)
+            self._firing = (
+                LedgerClient(self.ledger_target, self.settings),
+                KernelClient(self.target, self.settings),
+            )
+            self.scheduler = Scheduler(self.schedules, self._fire, self.config.schedule_tick_ms)
+            self._spawn(self.scheduler.run(), "kernel-scheduler")
+
+    async def _fire(self, schedule: Schedule, request_id: str) -> None:
+        """A due schedule's input, committed as the edge commits one, and its
+        session woken (through this kernel's own API, so a runner keeping
+        the session gets the wake)."""
+        assert self._firing is not None
+        ledger, kernel = self._firing
+        data = {"text": schedule.text, "requestId": request_id}
+        appended = await ledger.append_one(schedule.session_id, INPUT, data)
+        await kernel.enqueue(schedule.session_id, schedule.tenant_id, input_seq=appended.seq)
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         self._tasks.append(asyncio.get_running_loop().create_task(work, name=name))
@@ -158,6 +186,10 @@ class KernelServer:
         if self.reconciler is not None:
             await self.reconciler.close()
             self.reconciler = None
+        if self._firing is not None:
+            for client in self._firing:
+                await client.close()
+            self._firing = None
         if self.database is not None:
             await asyncio.to_thread(self.database.close)
             self.database = None
