@@ -50,6 +50,13 @@ class InputBody(Body, frozen=True):
     multitask: Multitask | None = None
 
 
+class ScheduleBody(Body, frozen=True):
+    text: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT_CHARS)]
+    cron: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    timezone: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    at: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+
+
 class ForkBody(Body, frozen=True):
     at: Seq
     # The fork's id (a new one when absent).

@@ -44,7 +44,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from edge import admin_ops, approvals, forks, inputs
+from edge import admin_ops, approvals, forks, inputs, schedules
 from edge.auth import Caller
 from edge.errors import BadRequest, EdgeError, from_service_error
 from edge.fanout import Drain
@@ -54,6 +54,7 @@ from edge.limits import Guards, client_address, too_large
 from edge.refusals import REFUSALS
 from keel.sessions.v1 import sessions_pb2 as pb
 from keel.sessions.v1 import sessions_pb2_grpc as pb_grpc
+from kernel.schedules import Schedule
 from services.common.errors import KeelError, guarded, rich_status
 from services.common.serving import GrpcService
 
@@ -253,6 +254,36 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         )
 
     @_unary
+    async def CreateSchedule(
+        self, request: pb.CreateScheduleRequest, context: Any
+    ) -> pb.CreateScheduleResponse:
+        caller, session_id = await self._session(context, request.session_id)
+        body: dict[str, Any] = {"text": request.text}
+        if request.cron:
+            body["cron"] = request.cron
+            body["timezone"] = request.timezone or "UTC"
+        if request.at_ms:
+            body["at"] = schedules.rfc3339(request.at_ms)
+        made = await schedules.create(self._gateway, caller, session_id, body)
+        return pb.CreateScheduleResponse(schedule=_schedule(made))
+
+    @_unary
+    async def ListSchedules(
+        self, request: pb.ListSchedulesRequest, context: Any
+    ) -> pb.ListSchedulesResponse:
+        caller, session_id = await self._session(context, request.session_id)
+        found = await schedules.listed(self._gateway, caller, session_id)
+        return pb.ListSchedulesResponse(schedules=[_schedule(s) for s in found])
+
+    @_unary
+    async def DeleteSchedule(
+        self, request: pb.DeleteScheduleRequest, context: Any
+    ) -> pb.DeleteScheduleResponse:
+        caller, session_id = await self._session(context, request.session_id)
+        await schedules.delete(self._gateway, caller, session_id, request.schedule_id)
+        return pb.DeleteScheduleResponse()
+
+    @_unary
     async def SkipInputs(
         self, request: pb.SkipInputsRequest, context: Any
     ) -> pb.SkipInputsResponse:
@@ -354,6 +385,18 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             self._gateway, caller, document, request.expected_revision
         )
         return pb.PutLoadoutResponse(revision=revision)
+
+
+def _schedule(schedule: Schedule) -> pb.Schedule:
+    return pb.Schedule(
+        schedule_id=schedule.schedule_id,
+        text=schedule.text,
+        cron=schedule.cron,
+        timezone=schedule.timezone,
+        at_ms=schedule.at_ms,
+        next_fire_ms=schedule.next_fire_ms,
+        created_at_ms=schedule.created_at_ms,
+    )
 
 
 def _committed(committed: Committed) -> dict[str, Any]:

@@ -276,6 +276,30 @@ _SCHEMAS: dict[str, Schema] = {
             "input": {"allOf": [_ref("Committed")], "description": "an edit's input"},
         },
     ),
+    "ScheduleRequest": _object(
+        ["text"],
+        {
+            "text": {"type": "string", "minLength": 1, "maxLength": 256 * 1024},
+            "cron": {"type": "string", "description": "5 fields, read in `timezone`"},
+            "timezone": {"type": "string", "description": "IANA, e.g. Europe/Berlin; default UTC"},
+            "at": {"type": "string", "description": "RFC 3339, with its offset (one firing)"},
+        },
+    ),
+    "Schedule": _object(
+        ["id", "text", "nextFireAt", "createdAt"],
+        {
+            "id": _STRING,
+            "text": _STRING,
+            "cron": _STRING,
+            "timezone": _STRING,
+            "at": _STRING,
+            "nextFireAt": {"type": "string", "description": "RFC 3339, UTC"},
+            "createdAt": {"type": "string", "description": "RFC 3339, UTC"},
+        },
+    ),
+    "Schedules": _object(
+        ["schedules"], {"schedules": {"type": "array", "items": _ref("Schedule")}}
+    ),
     "Skipped": _object(
         ["seq", "skipped"],
         {
@@ -692,6 +716,48 @@ _PATHS: dict[str, Schema] = {
                 **_BAD,
                 **_NO_SESSION,
                 **_TOO_LARGE,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/sessions/{id}/schedules": {
+        "parameters": [_SESSION_ID],
+        "post": {
+            "operationId": "createSchedule",
+            "summary": "Send an input on a cron expression, or once at a time",
+            "description": "Each firing is an input whose requestId is the schedule and the "
+            "time it was due: committed once across crashes, restarts and kernel failover. "
+            "Firings missed while Keel was away fire once, late.",
+            "requestBody": _body(_ref("ScheduleRequest")),
+            "responses": {
+                "201": _json(_ref("Schedule"), "Scheduled"),
+                **_BAD,
+                **_NO_SESSION,
+                **_TOO_LARGE,
+                **_AUTHENTICATED,
+            },
+        },
+        "get": {
+            "operationId": "listSchedules",
+            "summary": "The session's schedules (a one-off that fired is gone)",
+            "responses": {
+                "200": _json(_ref("Schedules"), "The schedules"),
+                **_NO_SESSION,
+                **_AUTHENTICATED,
+            },
+        },
+    },
+    "/v1/sessions/{id}/schedules/{scheduleId}": {
+        "parameters": [
+            _SESSION_ID,
+            {"name": "scheduleId", "in": "path", "required": True, "schema": _STRING},
+        ],
+        "delete": {
+            "operationId": "deleteSchedule",
+            "summary": "Stop a schedule",
+            "responses": {
+                "204": {"description": "Deleted"},
+                "404": _error("No such session, or no such schedule of it"),
                 **_AUTHENTICATED,
             },
         },

@@ -20,6 +20,7 @@ from keel_client._types import (
     Event,
     Input,
     Loadout,
+    Schedule,
     Session,
     SessionPage,
     SessionSummary,
@@ -157,6 +158,33 @@ class AsyncKeelClient:
         )
         response = await self._call(self._stub.EditInput, request)
         return response.session_id, Input.from_pb(response.input)
+
+    async def create_schedule(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        cron: str = "",
+        timezone: str = "UTC",
+        at_ms: int = 0,
+    ) -> Schedule:
+        """An input `text` sent on `cron` (read in `timezone`) or once at
+        `at_ms`; each firing is committed once, whatever fails meanwhile."""
+        request = pb.CreateScheduleRequest(
+            session_id=session_id, text=text, cron=cron, timezone=timezone, at_ms=at_ms
+        )
+        response = await self._call(self._stub.CreateSchedule, request)
+        return Schedule.from_pb(response.schedule)
+
+    async def list_schedules(self, session_id: str) -> list[Schedule]:
+        request = pb.ListSchedulesRequest(session_id=session_id)
+        response = await self._call(self._stub.ListSchedules, request)
+        return [Schedule.from_pb(s) for s in response.schedules]
+
+    async def delete_schedule(self, session_id: str, schedule_id: str) -> None:
+        """`NotFound` when the session has no such schedule."""
+        request = pb.DeleteScheduleRequest(session_id=session_id, schedule_id=schedule_id)
+        await self._call(self._stub.DeleteSchedule, request)
 
     async def skip_inputs(self, session_id: str) -> Skip:
         """Settles the inputs a parked session failed on (`Session.parked_on`),

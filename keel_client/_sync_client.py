@@ -33,6 +33,7 @@ from keel_client._types import (
     Event,
     Input,
     Loadout,
+    Schedule,
     Session,
     SessionPage,
     SessionSummary,
@@ -202,6 +203,27 @@ class KeelClient(_ClosedOnExit):
         self, session_id: str, seq: int, text: str, request_id: str | None = None
     ) -> tuple[str, Input]:
         return self._loop.run(self._client.edit_input(session_id, seq, text, request_id))
+
+    def create_schedule(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        cron: str = "",
+        timezone: str = "UTC",
+        at_ms: int = 0,
+    ) -> Schedule:
+        return self._loop.run(
+            self._client.create_schedule(
+                session_id, text, cron=cron, timezone=timezone, at_ms=at_ms
+            )
+        )
+
+    def list_schedules(self, session_id: str) -> list[Schedule]:
+        return self._loop.run(self._client.list_schedules(session_id))
+
+    def delete_schedule(self, session_id: str, schedule_id: str) -> None:
+        self._loop.run(self._client.delete_schedule(session_id, schedule_id))
 
     def skip_inputs(self, session_id: str) -> Skip:
         return self._loop.run(self._client.skip_inputs(session_id))

@@ -133,6 +133,31 @@ class Cancellation:
 
 
 @dataclass(frozen=True)
+class Schedule:
+    """A scheduled input: `cron` in `timezone`, or one time `at_ms`."""
+
+    schedule_id: str
+    text: str
+    cron: str
+    timezone: str
+    at_ms: int
+    next_fire_ms: int
+    created_at_ms: int
+
+    @classmethod
+    def from_pb(cls, message: pb.Schedule) -> Schedule:
+        return cls(
+            schedule_id=message.schedule_id,
+            text=message.text,
+            cron=message.cron,
+            timezone=message.timezone,
+            at_ms=message.at_ms,
+            next_fire_ms=message.next_fire_ms,
+            created_at_ms=message.created_at_ms,
+        )
+
+
+@dataclass(frozen=True)
 class Skip:
     """What skip_inputs settled: its fact's seq and the inputs it names."""
 

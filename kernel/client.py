@@ -39,6 +39,7 @@ from kernel.lease_stream_client import (
     StreamLink,
 )
 from kernel.registry import HandoffInfo, RuntimeInfo
+from kernel.schedule_client import ScheduleCalls
 from kernel.tenancy import LoadoutRevision
 from kernel.tenancy_client import TenancyCalls
 from services.common.config import Settings
@@ -86,7 +87,7 @@ class Claim:
     facts: bytes = b""
 
 
-class KernelClient(TenancyCalls):
+class KernelClient(TenancyCalls, ScheduleCalls):
     """Async client of `keel.kernel.v1.KernelService`.
 
     Owns the channel (balanced over the kernel replicas a target lists), the

@@ -96,6 +96,7 @@ class KernelServer:
         # it guarantees a slot is never leaked across a restart regardless.
         await asyncio.to_thread(self.leases.reconcile_slots)
         self.attachments = Attachments(self.leases, self.registry, self.config.attach_heartbeat_ms)
+        self.schedules = ScheduleStore(self.database)
         self.servicer = KernelServicer(
             self.leases,
             self.registry,
@@ -104,6 +105,7 @@ class KernelServer:
             self.waker,
             self.config,
             secrets=self.settings.secrets,
+            schedules=self.schedules,
         )
         self.running = await serve_services(
             [kernel_service(self.servicer)], self.address, self.settings
@@ -142,7 +144,6 @@ class KernelServer:
                 self.config.reconcile_grace_ms,
             )
             self._spawn(self.reconciler.run(), "kernel-reconciler")
-            self.schedules = ScheduleStore(self.database)
             self._firing = (
                 LedgerClient(self.ledger_target, self.settings),
                 KernelClient(self.target, self.settings),

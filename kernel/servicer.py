@@ -48,6 +48,8 @@ from kernel.rpc_checks import (
     optional_id,
     positive_epoch,
 )
+from kernel.schedule_rpcs import ScheduleRpcs
+from kernel.schedule_store import ScheduleStore
 from kernel.sticky import WakeRoutes, WakeTarget, granted_ms
 from kernel.store import Claimed, LeaseStore
 from kernel.tenancy import TenantStore
@@ -78,7 +80,7 @@ def _on_done(context: Context, callback: Callable[[], None]) -> None:
     context.add_done_callback(lambda _: callback())  # type: ignore[arg-type]
 
 
-class KernelServicer(TenancyRpcs, pb_grpc.KernelServiceServicer):
+class KernelServicer(TenancyRpcs, ScheduleRpcs, pb_grpc.KernelServiceServicer):
     """`keel.kernel.v1.KernelService`: the kernel's whole gRPC surface.
 
     Owns nothing durable itself: leases, the queue and admission are the
@@ -101,9 +103,11 @@ class KernelServicer(TenancyRpcs, pb_grpc.KernelServiceServicer):
         waker: ClaimWaker,
         config: KernelConfig,
         *,
+        schedules: ScheduleStore,
         secrets: SecretPolicy | None = None,
     ) -> None:
         self._leases = leases
+        self._schedules = schedules
         self._registry = registry
         self._tenants = tenants
         self._attachments = attachments

@@ -7,9 +7,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge import forks, inputs
+from edge import forks, inputs, schedules
 from edge.auth import Caller
-from edge.bodies import CreateSessionBody, EditBody, ForkBody, InputBody, RetryBody
+from edge.bodies import (
+    CreateSessionBody,
+    EditBody,
+    ForkBody,
+    InputBody,
+    RetryBody,
+    ScheduleBody,
+)
 from edge.errors import BadRequest
 from edge.gateway import DEFAULT_SESSION_PAGE, MAX_SESSION_PAGE
 from edge.http import (
@@ -91,6 +98,27 @@ async def edit(request: Request, caller: Caller) -> Response:
     return JSONResponse(forked.to_json(), status_code=201)
 
 
+async def create_schedule(request: Request, caller: Caller) -> Response:
+    body = await typed_body(request, ScheduleBody)
+    made = await schedules.create(gateway_of(request), caller, session_id(request, caller), body)
+    return JSONResponse(schedules.schedule_json(made), status_code=201)
+
+
+async def list_schedules(request: Request, caller: Caller) -> Response:
+    found = await schedules.listed(gateway_of(request), caller, session_id(request, caller))
+    return JSONResponse({"schedules": [schedules.schedule_json(s) for s in found]})
+
+
+async def delete_schedule(request: Request, caller: Caller) -> Response:
+    await schedules.delete(
+        gateway_of(request),
+        caller,
+        session_id(request, caller),
+        request.path_params["scheduleId"],
+    )
+    return Response(status_code=204)
+
+
 async def skip(request: Request, caller: Caller) -> Response:
     skipped = await inputs.skip(gateway_of(request), caller, session_id(request, caller))
     return JSONResponse(skipped.to_json(), status_code=202)
@@ -150,6 +178,9 @@ routes: list[Route] = [
     api_route("/v1/sessions/{id}/skip", skip, ["POST"]),
     api_route("/v1/sessions/{id}/fork", fork, ["POST"]),
     api_route("/v1/sessions/{id}/edit", edit, ["POST"]),
+    api_route("/v1/sessions/{id}/schedules", create_schedule, ["POST"]),
+    api_route("/v1/sessions/{id}/schedules", list_schedules, ["GET"]),
+    api_route("/v1/sessions/{id}/schedules/{scheduleId}", delete_schedule, ["DELETE"]),
     # EventSource cannot send headers: the one route taking ?access_token=.
     api_route(
         "/v1/sessions/{id}/events",

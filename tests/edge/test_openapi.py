@@ -212,6 +212,20 @@ async def test_real_responses_conform_to_the_document(stack: Stack, runner: Runn
         check(edit, await http.post(url, json={"seq": 1, "text": "not an input"}))
         check(edit, await http.post("/v1/sessions/nope/edit", json={"seq": 2, "text": "x"}))
 
+        # -- schedules
+        scheduled = "/v1/sessions/{id}/schedules"
+        url = f"/v1/sessions/{session}/schedules"
+        made = await http.post(url, json={"text": "tick", "cron": "0 9 * * 1", "timezone": "UTC"})
+        check(scheduled, made)
+        check(scheduled, await http.post(url, json={"text": "x", "cron": "every day"}))
+        check(scheduled, await http.post(url, json={"text": "x", "at": "soon"}))
+        check(scheduled, await http.post("/v1/sessions/nope/schedules", json={"text": "x"}))
+        check(scheduled, await http.get(url))
+        check(scheduled, await http.get("/v1/sessions/nope/schedules"))
+        one_schedule = "/v1/sessions/{id}/schedules/{scheduleId}"
+        check(one_schedule, await http.delete(f"{url}/{made.json()['id']}"))
+        check(one_schedule, await http.delete(f"{url}/{made.json()['id']}"))
+
         # -- skip: a session parked by an input the model fails on
         skip = "/v1/sessions/{id}/skip"
         parked = await stack.new_session()

@@ -10,6 +10,7 @@ gRPC ErrorInfo reason, and the field it named, if any.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -108,6 +109,18 @@ class FrontDoor(Protocol):
     async def fork(self, session: str, at: int) -> str:
         """The fork's id."""
         ...
+
+    async def schedule(
+        self, session: str, text: str, *, cron: str = "", timezone: str = "", at_ms: int = 0
+    ) -> str:
+        """The schedule's id."""
+        ...
+
+    async def schedules(self, session: str) -> list[str]:
+        """The session's schedules' ids."""
+        ...
+
+    async def unschedule(self, session: str, schedule_id: str) -> None: ...
 
     async def edit(self, session: str, seq: int, text: str) -> tuple[str, int]:
         """The fork's id and the edited input's seq."""
@@ -234,6 +247,26 @@ class HttpDoor:
     async def skip(self, session: str) -> tuple[int, tuple[int, ...]]:
         body = (await self._call("POST", f"/v1/sessions/{session}/skip")).json()
         return body["seq"], tuple(body["skipped"])
+
+    async def schedule(
+        self, session: str, text: str, *, cron: str = "", timezone: str = "", at_ms: int = 0
+    ) -> str:
+        body: dict[str, Any] = {"text": text}
+        if cron:
+            body.update({"cron": cron, "timezone": timezone or "UTC"})
+        if at_ms:
+            moment = datetime.datetime.fromtimestamp(at_ms / 1000, tz=datetime.UTC)
+            body["at"] = moment.isoformat(timespec="milliseconds")
+        made = await self._call("POST", f"/v1/sessions/{session}/schedules", json=body)
+        schedule_id: str = made.json()["id"]
+        return schedule_id
+
+    async def schedules(self, session: str) -> list[str]:
+        listed = (await self._call("GET", f"/v1/sessions/{session}/schedules")).json()
+        return [s["id"] for s in listed["schedules"]]
+
+    async def unschedule(self, session: str, schedule_id: str) -> None:
+        await self._call("DELETE", f"/v1/sessions/{session}/schedules/{schedule_id}")
 
     async def fork(self, session: str, at: int) -> str:
         body = (await self._call("POST", f"/v1/sessions/{session}/fork", json={"at": at})).json()
@@ -399,6 +432,24 @@ class GrpcDoor:
     async def skip(self, session: str) -> tuple[int, tuple[int, ...]]:
         done = await self._call(self._stub.SkipInputs, pb.SkipInputsRequest(session_id=session))
         return int(done.seq), tuple(done.skipped_input_seqs)
+
+    async def schedule(
+        self, session: str, text: str, *, cron: str = "", timezone: str = "", at_ms: int = 0
+    ) -> str:
+        request = pb.CreateScheduleRequest(
+            session_id=session, text=text, cron=cron, timezone=timezone, at_ms=at_ms
+        )
+        made = await self._call(self._stub.CreateSchedule, request)
+        return str(made.schedule.schedule_id)
+
+    async def schedules(self, session: str) -> list[str]:
+        request = pb.ListSchedulesRequest(session_id=session)
+        listed = await self._call(self._stub.ListSchedules, request)
+        return [s.schedule_id for s in listed.schedules]
+
+    async def unschedule(self, session: str, schedule_id: str) -> None:
+        request = pb.DeleteScheduleRequest(session_id=session, schedule_id=schedule_id)
+        await self._call(self._stub.DeleteSchedule, request)
 
     async def fork(self, session: str, at: int) -> str:
         request = pb.ForkSessionRequest(session_id=session, at_seq=at)

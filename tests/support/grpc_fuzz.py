@@ -83,6 +83,16 @@ def requests_of(real: str) -> dict[str, st.SearchStrategy[Any]]:
         "Cancel": st.builds(pb.CancelRequest, session_id=sid),
         "Retry": st.builds(pb.RetryRequest, session_id=sid, seq=INT64, request_id=TEXT),
         "SkipInputs": st.builds(pb.SkipInputsRequest, session_id=sid),
+        "CreateSchedule": st.builds(
+            pb.CreateScheduleRequest,
+            session_id=sid,
+            text=TEXT,
+            cron=TEXT | st.just("*/5 * * * *"),
+            timezone=TEXT | st.just("Europe/Berlin"),
+            at_ms=INT64,
+        ),
+        "ListSchedules": st.builds(pb.ListSchedulesRequest, session_id=sid),
+        "DeleteSchedule": st.builds(pb.DeleteScheduleRequest, session_id=sid, schedule_id=TEXT),
         "ForkSession": st.builds(
             pb.ForkSessionRequest, session_id=sid, at_seq=INT64, new_session_id=TEXT
         ),

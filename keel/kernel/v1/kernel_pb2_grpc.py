@@ -127,6 +127,21 @@ class KernelServiceStub:
                 request_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.GetLoadoutRequest.SerializeToString,
                 response_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.GetLoadoutResponse.FromString,
                 _registered_method=True)
+        self.CreateSchedule = channel.unary_unary(
+                '/keel.kernel.v1.KernelService/CreateSchedule',
+                request_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.CreateScheduleRequest.SerializeToString,
+                response_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.CreateScheduleResponse.FromString,
+                _registered_method=True)
+        self.ListSchedules = channel.unary_unary(
+                '/keel.kernel.v1.KernelService/ListSchedules',
+                request_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.ListSchedulesRequest.SerializeToString,
+                response_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.ListSchedulesResponse.FromString,
+                _registered_method=True)
+        self.DeleteSchedule = channel.unary_unary(
+                '/keel.kernel.v1.KernelService/DeleteSchedule',
+                request_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.DeleteScheduleRequest.SerializeToString,
+                response_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.DeleteScheduleResponse.FromString,
+                _registered_method=True)
         self.ListTenants = channel.unary_unary(
                 '/keel.kernel.v1.KernelService/ListTenants',
                 request_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.ListTenantsRequest.SerializeToString,
@@ -285,6 +300,28 @@ class KernelServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSchedule(self, request, context):
+        """Scheduled inputs of a session: a cron expression in a time zone, or a
+        one-off time. Each firing is an input whose request id is the schedule
+        and the time it was due, so it is committed once however often it is
+        tried; missed firings fire once, late.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchedules(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListTenants(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -406,6 +443,21 @@ def add_KernelServiceServicer_to_server(servicer, server):
                     servicer.GetLoadout,
                     request_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.GetLoadoutRequest.FromString,
                     response_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.GetLoadoutResponse.SerializeToString,
+            ),
+            'CreateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSchedule,
+                    request_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.CreateScheduleRequest.FromString,
+                    response_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.CreateScheduleResponse.SerializeToString,
+            ),
+            'ListSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchedules,
+                    request_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.ListSchedulesRequest.FromString,
+                    response_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.ListSchedulesResponse.SerializeToString,
+            ),
+            'DeleteSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchedule,
+                    request_deserializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.DeleteScheduleRequest.FromString,
+                    response_serializer=keel_dot_kernel_dot_v1_dot_kernel__pb2.DeleteScheduleResponse.SerializeToString,
             ),
             'ListTenants': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTenants,
@@ -917,6 +969,87 @@ class KernelService:
             '/keel.kernel.v1.KernelService/GetLoadout',
             keel_dot_kernel_dot_v1_dot_kernel__pb2.GetLoadoutRequest.SerializeToString,
             keel_dot_kernel_dot_v1_dot_kernel__pb2.GetLoadoutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keel.kernel.v1.KernelService/CreateSchedule',
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.CreateScheduleRequest.SerializeToString,
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.CreateScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keel.kernel.v1.KernelService/ListSchedules',
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.ListSchedulesRequest.SerializeToString,
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.ListSchedulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keel.kernel.v1.KernelService/DeleteSchedule',
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.DeleteScheduleRequest.SerializeToString,
+            keel_dot_kernel_dot_v1_dot_kernel__pb2.DeleteScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

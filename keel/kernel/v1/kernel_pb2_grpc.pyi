@@ -79,6 +79,14 @@ class KernelServiceStub:
     PutLoadout: _grpc.UnaryUnaryMultiCallable[_kernel_pb2.PutLoadoutRequest, _kernel_pb2.PutLoadoutResponse]
     """Stores a new loadout revision for a tenant."""
     GetLoadout: _grpc.UnaryUnaryMultiCallable[_kernel_pb2.GetLoadoutRequest, _kernel_pb2.GetLoadoutResponse]
+    CreateSchedule: _grpc.UnaryUnaryMultiCallable[_kernel_pb2.CreateScheduleRequest, _kernel_pb2.CreateScheduleResponse]
+    """Scheduled inputs of a session: a cron expression in a time zone, or a
+    one-off time. Each firing is an input whose request id is the schedule
+    and the time it was due, so it is committed once however often it is
+    tried; missed firings fire once, late.
+    """
+    ListSchedules: _grpc.UnaryUnaryMultiCallable[_kernel_pb2.ListSchedulesRequest, _kernel_pb2.ListSchedulesResponse]
+    DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_kernel_pb2.DeleteScheduleRequest, _kernel_pb2.DeleteScheduleResponse]
     ListTenants: _grpc.UnaryUnaryMultiCallable[_kernel_pb2.ListTenantsRequest, _kernel_pb2.ListTenantsResponse]
     ListApiKeys: _grpc.UnaryUnaryMultiCallable[_kernel_pb2.ListApiKeysRequest, _kernel_pb2.ListApiKeysResponse]
     """Lists keys (ids and rights, never the keys themselves)."""
@@ -141,6 +149,14 @@ class KernelServiceAsyncStub(KernelServiceStub):
     PutLoadout: _aio.UnaryUnaryMultiCallable[_kernel_pb2.PutLoadoutRequest, _kernel_pb2.PutLoadoutResponse]  # type: ignore[assignment]
     """Stores a new loadout revision for a tenant."""
     GetLoadout: _aio.UnaryUnaryMultiCallable[_kernel_pb2.GetLoadoutRequest, _kernel_pb2.GetLoadoutResponse]  # type: ignore[assignment]
+    CreateSchedule: _aio.UnaryUnaryMultiCallable[_kernel_pb2.CreateScheduleRequest, _kernel_pb2.CreateScheduleResponse]  # type: ignore[assignment]
+    """Scheduled inputs of a session: a cron expression in a time zone, or a
+    one-off time. Each firing is an input whose request id is the schedule
+    and the time it was due, so it is committed once however often it is
+    tried; missed firings fire once, late.
+    """
+    ListSchedules: _aio.UnaryUnaryMultiCallable[_kernel_pb2.ListSchedulesRequest, _kernel_pb2.ListSchedulesResponse]  # type: ignore[assignment]
+    DeleteSchedule: _aio.UnaryUnaryMultiCallable[_kernel_pb2.DeleteScheduleRequest, _kernel_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
     ListTenants: _aio.UnaryUnaryMultiCallable[_kernel_pb2.ListTenantsRequest, _kernel_pb2.ListTenantsResponse]  # type: ignore[assignment]
     ListApiKeys: _aio.UnaryUnaryMultiCallable[_kernel_pb2.ListApiKeysRequest, _kernel_pb2.ListApiKeysResponse]  # type: ignore[assignment]
     """Lists keys (ids and rights, never the keys themselves)."""
@@ -308,6 +324,32 @@ class KernelServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _kernel_pb2.GetLoadoutRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_kernel_pb2.GetLoadoutResponse, _abc.Awaitable[_kernel_pb2.GetLoadoutResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateSchedule(
+        self,
+        request: _kernel_pb2.CreateScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kernel_pb2.CreateScheduleResponse, _abc.Awaitable[_kernel_pb2.CreateScheduleResponse]]:
+        """Scheduled inputs of a session: a cron expression in a time zone, or a
+        one-off time. Each firing is an input whose request id is the schedule
+        and the time it was due, so it is committed once however often it is
+        tried; missed firings fire once, late.
+        """
+
+    @_abc_1.abstractmethod
+    def ListSchedules(
+        self,
+        request: _kernel_pb2.ListSchedulesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kernel_pb2.ListSchedulesResponse, _abc.Awaitable[_kernel_pb2.ListSchedulesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteSchedule(
+        self,
+        request: _kernel_pb2.DeleteScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kernel_pb2.DeleteScheduleResponse, _abc.Awaitable[_kernel_pb2.DeleteScheduleResponse]]: ...
 
     @_abc_1.abstractmethod
     def ListTenants(

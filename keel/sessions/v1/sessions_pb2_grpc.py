@@ -89,6 +89,21 @@ class SessionServiceStub:
                 request_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.EditInputRequest.SerializeToString,
                 response_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.EditInputResponse.FromString,
                 _registered_method=True)
+        self.CreateSchedule = channel.unary_unary(
+                '/keel.sessions.v1.SessionService/CreateSchedule',
+                request_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.CreateScheduleRequest.SerializeToString,
+                response_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.CreateScheduleResponse.FromString,
+                _registered_method=True)
+        self.ListSchedules = channel.unary_unary(
+                '/keel.sessions.v1.SessionService/ListSchedules',
+                request_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.ListSchedulesRequest.SerializeToString,
+                response_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.ListSchedulesResponse.FromString,
+                _registered_method=True)
+        self.DeleteSchedule = channel.unary_unary(
+                '/keel.sessions.v1.SessionService/DeleteSchedule',
+                request_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.DeleteScheduleRequest.SerializeToString,
+                response_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.DeleteScheduleResponse.FromString,
+                _registered_method=True)
         self.DecideApproval = channel.unary_unary(
                 '/keel.sessions.v1.SessionService/DecideApproval',
                 request_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.DecideApprovalRequest.SerializeToString,
@@ -199,6 +214,28 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSchedule(self, request, context):
+        """Scheduled inputs: `cron` read in `timezone` (IANA; empty: UTC), or one
+        time `at_ms`. Each firing is committed once, across crashes and kernel
+        failover; firings missed during an outage fire once, late.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchedules(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchedule(self, request, context):
+        """NOT_FOUND when the session has no such schedule.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DecideApproval(self, request, context):
         """Decides a tool call waiting for a person's approval. One decision per
         call: FAILED_PRECONDITION (APPROVAL_NOT_PENDING) for a call that does not
@@ -281,6 +318,21 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.EditInput,
                     request_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.EditInputRequest.FromString,
                     response_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.EditInputResponse.SerializeToString,
+            ),
+            'CreateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSchedule,
+                    request_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.CreateScheduleRequest.FromString,
+                    response_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.CreateScheduleResponse.SerializeToString,
+            ),
+            'ListSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchedules,
+                    request_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.ListSchedulesRequest.FromString,
+                    response_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.ListSchedulesResponse.SerializeToString,
+            ),
+            'DeleteSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchedule,
+                    request_deserializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.DeleteScheduleRequest.FromString,
+                    response_serializer=keel_dot_sessions_dot_v1_dot_sessions__pb2.DeleteScheduleResponse.SerializeToString,
             ),
             'DecideApproval': grpc.unary_unary_rpc_method_handler(
                     servicer.DecideApproval,
@@ -578,6 +630,87 @@ class SessionService:
             '/keel.sessions.v1.SessionService/EditInput',
             keel_dot_sessions_dot_v1_dot_sessions__pb2.EditInputRequest.SerializeToString,
             keel_dot_sessions_dot_v1_dot_sessions__pb2.EditInputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keel.sessions.v1.SessionService/CreateSchedule',
+            keel_dot_sessions_dot_v1_dot_sessions__pb2.CreateScheduleRequest.SerializeToString,
+            keel_dot_sessions_dot_v1_dot_sessions__pb2.CreateScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keel.sessions.v1.SessionService/ListSchedules',
+            keel_dot_sessions_dot_v1_dot_sessions__pb2.ListSchedulesRequest.SerializeToString,
+            keel_dot_sessions_dot_v1_dot_sessions__pb2.ListSchedulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/keel.sessions.v1.SessionService/DeleteSchedule',
+            keel_dot_sessions_dot_v1_dot_sessions__pb2.DeleteScheduleRequest.SerializeToString,
+            keel_dot_sessions_dot_v1_dot_sessions__pb2.DeleteScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

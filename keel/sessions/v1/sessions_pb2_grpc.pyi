@@ -74,6 +74,14 @@ class SessionServiceStub:
     """Edit and resend: a fork at the seq before input `seq`, whose next input
     is `text`. INVALID_ARGUMENT when `seq` is not an input.
     """
+    CreateSchedule: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.CreateScheduleRequest, _sessions_pb2.CreateScheduleResponse]
+    """Scheduled inputs: `cron` read in `timezone` (IANA; empty: UTC), or one
+    time `at_ms`. Each firing is committed once, across crashes and kernel
+    failover; firings missed during an outage fire once, late.
+    """
+    ListSchedules: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.ListSchedulesRequest, _sessions_pb2.ListSchedulesResponse]
+    DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.DeleteScheduleRequest, _sessions_pb2.DeleteScheduleResponse]
+    """NOT_FOUND when the session has no such schedule."""
     DecideApproval: _grpc.UnaryUnaryMultiCallable[_sessions_pb2.DecideApprovalRequest, _sessions_pb2.DecideApprovalResponse]
     """Decides a tool call waiting for a person's approval. One decision per
     call: FAILED_PRECONDITION (APPROVAL_NOT_PENDING) for a call that does not
@@ -132,6 +140,14 @@ class SessionServiceAsyncStub(SessionServiceStub):
     """Edit and resend: a fork at the seq before input `seq`, whose next input
     is `text`. INVALID_ARGUMENT when `seq` is not an input.
     """
+    CreateSchedule: _aio.UnaryUnaryMultiCallable[_sessions_pb2.CreateScheduleRequest, _sessions_pb2.CreateScheduleResponse]  # type: ignore[assignment]
+    """Scheduled inputs: `cron` read in `timezone` (IANA; empty: UTC), or one
+    time `at_ms`. Each firing is committed once, across crashes and kernel
+    failover; firings missed during an outage fire once, late.
+    """
+    ListSchedules: _aio.UnaryUnaryMultiCallable[_sessions_pb2.ListSchedulesRequest, _sessions_pb2.ListSchedulesResponse]  # type: ignore[assignment]
+    DeleteSchedule: _aio.UnaryUnaryMultiCallable[_sessions_pb2.DeleteScheduleRequest, _sessions_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
+    """NOT_FOUND when the session has no such schedule."""
     DecideApproval: _aio.UnaryUnaryMultiCallable[_sessions_pb2.DecideApprovalRequest, _sessions_pb2.DecideApprovalResponse]  # type: ignore[assignment]
     """Decides a tool call waiting for a person's approval. One decision per
     call: FAILED_PRECONDITION (APPROVAL_NOT_PENDING) for a call that does not
@@ -247,6 +263,32 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         """Edit and resend: a fork at the seq before input `seq`, whose next input
         is `text`. INVALID_ARGUMENT when `seq` is not an input.
         """
+
+    @_abc_1.abstractmethod
+    def CreateSchedule(
+        self,
+        request: _sessions_pb2.CreateScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sessions_pb2.CreateScheduleResponse, _abc.Awaitable[_sessions_pb2.CreateScheduleResponse]]:
+        """Scheduled inputs: `cron` read in `timezone` (IANA; empty: UTC), or one
+        time `at_ms`. Each firing is committed once, across crashes and kernel
+        failover; firings missed during an outage fire once, late.
+        """
+
+    @_abc_1.abstractmethod
+    def ListSchedules(
+        self,
+        request: _sessions_pb2.ListSchedulesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sessions_pb2.ListSchedulesResponse, _abc.Awaitable[_sessions_pb2.ListSchedulesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteSchedule(
+        self,
+        request: _sessions_pb2.DeleteScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sessions_pb2.DeleteScheduleResponse, _abc.Awaitable[_sessions_pb2.DeleteScheduleResponse]]:
+        """NOT_FOUND when the session has no such schedule."""
 
     @_abc_1.abstractmethod
     def DecideApproval(
