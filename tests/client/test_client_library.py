@@ -53,6 +53,9 @@ from tests.support.polling import eventually
 from tests.support.ports import free_port
 
 
+HELLO = "/slow 1 hello there"
+
+
 async def test_each_method_returns_its_typed_result(
     stack: Stack, runner: RunnerServer, keel: AsyncKeelClient
 ) -> None:
@@ -63,11 +66,14 @@ async def test_each_method_returns_its_typed_result(
     seen: list[Event] = []
     events = keel.events("typed-1")
     try:
-        # Following the session before the input: its answer streams live.
+        # Following the session before the input: its answer streams live,
+        # over a second, so the attempt is still running when the edge
+        # starts watching its runner (a watch begins with the state of the
+        # moment, and an instant answer may be idle again by then).
         await read_until(events, has_seq(1), seen)
-        sent = await keel.send_input("typed-1", "hello there", request_id="typed-r1")
+        sent = await keel.send_input("typed-1", HELLO, request_id="typed-r1")
         assert sent == Input(seq=sent.seq, duplicate=False, request_id="typed-r1", retry_safe=True)
-        again = await keel.send_input("typed-1", "hello there", request_id="typed-r1")
+        again = await keel.send_input("typed-1", HELLO, request_id="typed-r1")
         assert again == Input(seq=sent.seq, duplicate=True, request_id="typed-r1", retry_safe=True)
         answer = await read_until(events, answers(sent.seq), seen)
     finally:
