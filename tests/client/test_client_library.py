@@ -52,7 +52,6 @@ from tests.support.edge_stack import ADMIN_KEY, Stack
 from tests.support.polling import eventually
 from tests.support.ports import free_port
 
-
 HELLO = "/slow 1 hello there"
 
 
