@@ -31,17 +31,12 @@ import pytest
 from kernel.domain import Lease, LeaseState
 from kernel.errors import EpochSuperseded, LeaseLost
 from services.common.config import Settings
-from services.common.turn_settlement import FUNCTION
-from tests.support.kernel_stores import Stores, open_stores
+from tests.support.kernel_stores import SETTLE, Stores, open_stores
 
 TTL = 1_000
 STICKY_MS = 500
 EVENTS = ("finish", "window_passes", "input", "stream_ends", "b_claims", "a_runs")
 A, B = "A", "B"
-SETTLE = (
-    f"SELECT settled_session, settled_until_ms FROM {FUNCTION}("
-    "%s::text[], %s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::bigint)"
-)
 
 
 @dataclass

@@ -24,15 +24,10 @@ from kernel import domain
 from kernel.domain import DrainMode, LeaseState, SessionRecord
 from kernel.sticky import MAX_STICKY_MS
 from services.common.config import Settings
-from services.common.turn_settlement import FUNCTION
-from tests.support.kernel_stores import Stores, open_stores
+from tests.support.kernel_stores import SETTLE, Stores, open_stores
 
 LEASE_MS = 1_000
 READ_THROUGH = 3
-SETTLE = (
-    f"SELECT settled_session, settled_until_ms FROM {FUNCTION}("
-    "%s::text[], %s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::bigint)"
-)
 
 
 @dataclass(frozen=True)

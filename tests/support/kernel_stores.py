@@ -11,6 +11,7 @@ from kernel.registry import Registration, RegistryStore
 from kernel.store import LeaseStore
 from kernel.tenancy import TenantStore
 from services.common.config import Settings
+from services.common.turn_settlement import FUNCTION
 
 # Short everything, so tests wait on events and tiny intervals, never on defaults.
 FAST = KernelConfig(
@@ -25,6 +26,15 @@ FAST = KernelConfig(
 # A claim is woken by an event only: the periodic re-check never fires.
 NO_RECHECK = KernelConfig(recheck_ms=600_000, sweep_ms=20, attach_heartbeat_ms=200)
 
+
+# The ledger's call of the kernel's turn settlement (kernel/turn_settlement.py),
+# as its insert statement makes it, for tests that call it on a store's
+# database: parallel arrays of sessions, epochs, runtimes, read_through and
+# sticky_ms, then the time.
+SETTLE = (
+    f"SELECT settled_session, settled_until_ms FROM {FUNCTION}("
+    "%s::text[], %s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::bigint)"
+)
 
 # Long enough that only an explicit expiry (never the TTL) can end a lease.
 LONG_TTL_MS = 600_000
